@@ -1,1 +1,138 @@
-//! (being written)
+//! The admin listener (SPEC section 6): health, readiness, metrics, drain, logging.
+//!
+//! It runs on its own small runtime thread so scrapes never compete with the data path.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+
+use crate::drain::{Drain, Phase};
+use crate::readiness::{ListenerCheck, ListenerStatus};
+
+/// Changes the log filter at run time (`POST /logging?level=...`).
+pub type SetLogFilter = Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
+
+pub struct Admin {
+    pub drain: Drain,
+    /// Set once every data-plane listener is bound.
+    pub bound: AtomicBool,
+    pub listeners: Arc<ListenerCheck>,
+    pub set_log_filter: SetLogFilter,
+    /// Extra JSON views (config dump, clusters), filled in by the outbound side.
+    pub views: Vec<(
+        &'static str,
+        Box<dyn Fn() -> serde_json::Value + Send + Sync>,
+    )>,
+}
+
+fn reply(
+    status: StatusCode,
+    content_type: &'static str,
+    body: impl Into<Bytes>,
+) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static(content_type),
+    );
+    r
+}
+
+fn json(status: StatusCode, v: serde_json::Value) -> Response<Full<Bytes>> {
+    let mut body = serde_json::to_vec(&v).unwrap_or_default();
+    body.push(b'\n');
+    reply(status, "application/json", body)
+}
+
+impl Admin {
+    pub async fn serve(self: Arc<Self>, listener: TcpListener) {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                continue;
+            };
+            let this = self.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req| {
+                    let this = this.clone();
+                    async move { Ok::<_, Infallible>(this.handle(req).await) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(std::time::Duration::from_secs(10))
+                    .serve_connection(TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    }
+
+    async fn handle(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        let path = req.uri().path();
+        match (req.method(), path) {
+            (&Method::GET, "/health" | "/healthz") => reply(StatusCode::OK, "text/plain", "ok\n"),
+            (&Method::GET, "/readyz") => self.readyz().await,
+            (&Method::GET, "/metrics") => reply(
+                StatusCode::OK,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                crate::metrics::get().encode(),
+            ),
+            (&Method::POST, "/drain") => {
+                self.drain.advance(Phase::Notifying);
+                reply(StatusCode::OK, "text/plain", "draining\n")
+            }
+            (&Method::POST, "/logging") => {
+                let level = req
+                    .uri()
+                    .query()
+                    .unwrap_or("")
+                    .split('&')
+                    .find_map(|kv| kv.strip_prefix("level="))
+                    .unwrap_or("");
+                match (self.set_log_filter)(level) {
+                    Ok(()) => reply(
+                        StatusCode::OK,
+                        "text/plain",
+                        format!("log filter: {level}\n"),
+                    ),
+                    Err(e) => reply(StatusCode::BAD_REQUEST, "text/plain", format!("{e}\n")),
+                }
+            }
+            (&Method::GET, p) => match self.views.iter().find(|(name, _)| *name == p) {
+                Some((_, view)) => json(StatusCode::OK, view()),
+                None => reply(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
+            },
+            _ => reply(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "text/plain",
+                "method not allowed\n",
+            ),
+        }
+    }
+
+    async fn readyz(&self) -> Response<Full<Bytes>> {
+        let not_ready = |reason: &str, missing: Vec<u16>| {
+            json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                serde_json::json!({"status": "not ready", "reason": reason, "missingListeners": missing}),
+            )
+        };
+        if self.drain.phase() != Phase::Serving {
+            return not_ready("draining", vec![]);
+        }
+        if !self.bound.load(Ordering::Acquire) {
+            return not_ready("starting", vec![]);
+        }
+        match self.listeners.check().await {
+            ListenerStatus::Missing(ports) => not_ready("required listeners missing", ports),
+            _ => json(StatusCode::OK, serde_json::json!({"status": "ready"})),
+        }
+    }
+}

@@ -112,7 +112,10 @@ pub struct Service {
 
 impl Service {
     pub fn port_protocol(&self, port: u16) -> PortProtocol {
-        self.protocols.get(&port).copied().unwrap_or(PortProtocol::Http)
+        self.protocols
+            .get(&port)
+            .copied()
+            .unwrap_or(PortProtocol::Http)
     }
 
     pub fn exposes(&self, port: u16) -> bool {
@@ -198,7 +201,10 @@ impl Catalog {
                 }
                 if let Some(m) = &r.matches {
                     if http::HeaderName::from_bytes(m.header.as_bytes()).is_err() {
-                        err(format!(".routes[{i}].match.header"), "not a header name".into());
+                        err(
+                            format!(".routes[{i}].match.header"),
+                            "not a header name".into(),
+                        );
                     }
                 }
             }
@@ -220,14 +226,23 @@ impl Catalog {
                 }
                 let ports = e.ports.clone().unwrap_or_else(|| vec![raw.default_port]);
                 if ports.is_empty() {
-                    err(format!(".endpoints[{i}].ports"), "an endpoint serves at least one port".into());
+                    err(
+                        format!(".endpoints[{i}].ports"),
+                        "an endpoint serves at least one port".into(),
+                    );
                 }
                 let mut pseen = BTreeSet::new();
                 for (j, p) in ports.iter().enumerate() {
                     if *p == 0 {
-                        err(format!(".endpoints[{i}].ports[{j}]"), "port must be in 1..65535".into());
+                        err(
+                            format!(".endpoints[{i}].ports[{j}]"),
+                            "port must be in 1..65535".into(),
+                        );
                     } else if !pseen.insert(*p) {
-                        err(format!(".endpoints[{i}].ports[{j}]"), format!("duplicate port {p}"));
+                        err(
+                            format!(".endpoints[{i}].ports[{j}]"),
+                            format!("duplicate port {p}"),
+                        );
                     }
                 }
                 endpoints.push(Endpoint {
@@ -238,7 +253,10 @@ impl Catalog {
                     draining: e.draining,
                 });
             }
-            let ports = endpoints.iter().flat_map(|e| e.ports.iter().copied()).collect();
+            let ports = endpoints
+                .iter()
+                .flat_map(|e| e.ports.iter().copied())
+                .collect();
             services.insert(
                 name.clone(),
                 Service {

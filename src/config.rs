@@ -24,7 +24,13 @@ impl fmt::Display for FileError {
         if self.field.is_empty() {
             write!(f, "{}: {}", self.file.display(), self.reason)
         } else {
-            write!(f, "{}: {}: {}", self.file.display(), self.field, self.reason)
+            write!(
+                f,
+                "{}: {}: {}",
+                self.file.display(),
+                self.field,
+                self.reason
+            )
         }
     }
 }
@@ -117,7 +123,7 @@ pub(crate) mod duration {
 
     pub fn parse(s: &str) -> Result<Duration, String> {
         let d = humantime::parse_duration(s.trim())
-            .map_err(|e| format!("{s:?} is not a duration like \"5s\" or \"250ms\" ({e})"))?;
+            .map_err(|_| format!("{s:?} is not a duration like \"5s\" or \"250ms\""))?;
         if d.is_zero() {
             return Err(format!("{s:?} must be greater than zero"));
         }
@@ -233,9 +239,15 @@ pub struct CatalogConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DrainConfig {
-    #[serde(default = "default_drain_notify", deserialize_with = "duration::deserialize")]
+    #[serde(
+        default = "default_drain_notify",
+        deserialize_with = "duration::deserialize"
+    )]
     pub notify: Duration,
-    #[serde(default = "default_drain_timeout", deserialize_with = "duration::deserialize")]
+    #[serde(
+        default = "default_drain_timeout",
+        deserialize_with = "duration::deserialize"
+    )]
     pub timeout: Duration,
 }
 
@@ -310,10 +322,20 @@ pub(crate) fn from_yaml<T: serde::de::DeserializeOwned>(
     serde_path_to_error::deserialize(de).map_err(|e| {
         let field = e.path().to_string();
         let field = if field == "." { String::new() } else { field };
+        let mut reason = e.into_inner().to_string();
+        // The YAML library prefixes its own notion of the path; ours is already in `field`.
+        let mut prefix = field.as_str();
+        while !prefix.is_empty() {
+            if let Some(rest) = reason.strip_prefix(&format!("{prefix}: ")) {
+                reason = rest.to_string();
+                break;
+            }
+            prefix = prefix.rsplit_once('.').map_or("", |(p, _)| p);
+        }
         FileError {
             file: file.to_path_buf(),
             field,
-            reason: e.into_inner().to_string(),
+            reason,
         }
     })
 }
@@ -359,20 +381,35 @@ impl Config {
             })
         };
         if !is_dns_name(&self.mesh_domain) {
-            err("mesh_domain".into(), format!("{:?} is not a domain name", self.mesh_domain));
+            err(
+                "mesh_domain".into(),
+                format!("{:?} is not a domain name", self.mesh_domain),
+            );
         }
         if !is_dns_name(&self.trust_domain) {
-            err("trust_domain".into(), format!("{:?} is not a trust domain", self.trust_domain));
+            err(
+                "trust_domain".into(),
+                format!("{:?} is not a trust domain", self.trust_domain),
+            );
         }
         if self.inbound.default_port == 0 {
-            err("inbound.default_port".into(), "port must be in 1..65535".into());
+            err(
+                "inbound.default_port".into(),
+                "port must be in 1..65535".into(),
+            );
         }
         let mut seen = std::collections::HashSet::new();
         for (i, p) in self.inbound.ports.iter().enumerate() {
             if p.port == 0 {
-                err(format!("inbound.ports[{i}].port"), "port must be in 1..65535".into());
+                err(
+                    format!("inbound.ports[{i}].port"),
+                    "port must be in 1..65535".into(),
+                );
             } else if !seen.insert(p.port) {
-                err(format!("inbound.ports[{i}].port"), format!("duplicate port {}", p.port));
+                err(
+                    format!("inbound.ports[{i}].port"),
+                    format!("duplicate port {}", p.port),
+                );
             }
             for (j, id) in p.allow.iter().enumerate() {
                 if let Err(reason) = check_spiffe_id(id, &self.trust_domain) {
@@ -380,27 +417,47 @@ impl Config {
                 }
             }
         }
-        if !self.inbound.ports.iter().any(|p| p.port == self.inbound.default_port) {
+        if !self
+            .inbound
+            .ports
+            .iter()
+            .any(|p| p.port == self.inbound.default_port)
+        {
             err(
                 "inbound.default_port".into(),
-                format!("default port {} is not listed in inbound.ports", self.inbound.default_port),
+                format!(
+                    "default port {} is not listed in inbound.ports",
+                    self.inbound.default_port
+                ),
             );
         }
         let mut seen = std::collections::HashSet::new();
         if self.readiness.required_listeners.len() > 16 {
-            err("readiness.required_listeners".into(), "at most 16 ports".into());
+            err(
+                "readiness.required_listeners".into(),
+                "at most 16 ports".into(),
+            );
         }
         for (i, p) in self.readiness.required_listeners.iter().enumerate() {
             if *p == 0 {
-                err(format!("readiness.required_listeners[{i}]"), "port must be in 1..65535".into());
+                err(
+                    format!("readiness.required_listeners[{i}]"),
+                    "port must be in 1..65535".into(),
+                );
             } else if !seen.insert(*p) {
-                err(format!("readiness.required_listeners[{i}]"), format!("duplicate port {p}"));
+                err(
+                    format!("readiness.required_listeners[{i}]"),
+                    format!("duplicate port {p}"),
+                );
             }
         }
         let mut seen = std::collections::HashSet::new();
         for (i, s) in self.source_identities.iter().enumerate() {
             if !seen.insert(s.source) {
-                err(format!("source_identities[{i}].source"), format!("duplicate source {}", s.source));
+                err(
+                    format!("source_identities[{i}].source"),
+                    format!("duplicate source {}", s.source),
+                );
             }
         }
         errs
@@ -419,18 +476,23 @@ fn is_dns_name(s: &str) -> bool {
         && s.split('.').all(|l| {
             !l.is_empty()
                 && l.len() <= 63
-                && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && l.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         })
 }
 
 /// A SPIFFE id `spiffe://<trust_domain>/<path>` in the given trust domain.
 pub fn check_spiffe_id(id: &str, trust_domain: &str) -> Result<(), String> {
     let Some(rest) = id.strip_prefix("spiffe://") else {
-        return Err(format!("{id:?} is not a SPIFFE id (spiffe://<trust domain>/<path>)"));
+        return Err(format!(
+            "{id:?} is not a SPIFFE id (spiffe://<trust domain>/<path>)"
+        ));
     };
     let (td, path) = rest.split_once('/').unwrap_or((rest, ""));
     if td != trust_domain {
-        return Err(format!("{id:?} is outside the trust domain {trust_domain:?}"));
+        return Err(format!(
+            "{id:?} is outside the trust domain {trust_domain:?}"
+        ));
     }
     if path.is_empty() {
         return Err(format!("{id:?} has no workload path"));

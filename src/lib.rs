@@ -1,11 +1,19 @@
 //! aether-proxy: the Aether mesh's data-plane sidecar.
 //!
 //! Data flows one way: listener -> chain/route -> cluster -> pool -> connection.
+//! `inbound` terminates mTLS from peer proxies; `identity` owns certificates and TLS contexts;
+//! `admin`, `readiness`, `drain` and `metrics` are the operator's side.
 
+pub mod accesslog;
 pub mod admin;
 pub mod catalog;
 pub mod config;
+pub mod drain;
+pub mod errors;
+pub mod headers;
 pub mod identity;
 pub mod inbound;
+pub mod metrics;
+pub mod pool;
 pub mod readiness;
 pub mod run;

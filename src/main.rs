@@ -4,7 +4,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "aether-proxy", version, about = "Aether mesh data-plane sidecar")]
+#[command(
+    name = "aether-proxy",
+    version,
+    about = "Aether mesh data-plane sidecar"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,

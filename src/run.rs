@@ -1,5 +1,231 @@
-//! (being written)
+//! `run` and `check`: load everything, bind the listeners, serve, drain, exit.
+
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::ExitCode;
-pub fn main(_c: &Path, _n: Option<usize>) -> ExitCode { ExitCode::FAILURE }
-pub fn check(_c: &Path) -> ExitCode { ExitCode::FAILURE }
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{reload, EnvFilter};
+
+use crate::admin::{Admin, SetLogFilter};
+use crate::catalog::Catalog;
+use crate::config::Config;
+use crate::drain::{Drain, Phase, Tracker};
+use crate::identity::IdentityStore;
+use crate::inbound::Inbound;
+use crate::readiness::ListenerCheck;
+
+/// `aether-proxy check`: exit 0 when the config, its catalog and its identity files are good.
+pub fn check(path: &Path) -> ExitCode {
+    match load(path) {
+        Ok((cfg, catalog)) => {
+            println!(
+                "{}: ok ({} inbound port(s), {} service(s) in {})",
+                path.display(),
+                cfg.inbound.ports.len(),
+                catalog.services.len(),
+                cfg.catalog.path.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(errors) => {
+            for e in errors {
+                eprintln!("error: {e}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn load(path: &Path) -> Result<(Config, Catalog), Vec<String>> {
+    let cfg =
+        Config::load(path).map_err(|e| e.0.iter().map(|e| e.to_string()).collect::<Vec<_>>())?;
+    let mut errors = Vec::new();
+    let catalog = match Catalog::load(&cfg.catalog.path, &cfg.trust_domain) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            errors.extend(e.0.iter().map(|e| e.to_string()));
+            None
+        }
+    };
+    if let Err(e) = crate::identity::Contexts::build(&cfg) {
+        errors.push(format!("{}: identity: {e}", path.display()));
+    }
+    match catalog {
+        Some(c) if errors.is_empty() => Ok((cfg, c)),
+        _ => Err(errors),
+    }
+}
+
+fn init_logging() -> SetLogFilter {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let (filter, handle) = reload::Layer::new(filter);
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .try_init();
+    Box::new(move |level: &str| {
+        let f = EnvFilter::try_new(level).map_err(|e| format!("bad log filter {level:?}: {e}"))?;
+        handle.reload(f).map_err(|e| e.to_string())
+    })
+}
+
+/// `aether-proxy run`.
+pub fn main(path: &Path, concurrency: Option<usize>) -> ExitCode {
+    let set_log_filter = init_logging();
+    let (cfg, catalog) = match load(path) {
+        Ok(v) => v,
+        Err(errors) => {
+            for e in errors {
+                eprintln!("error: {e}");
+            }
+            return ExitCode::FAILURE;
+        }
+    };
+    let workers = concurrency.filter(|n| *n > 0).unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .thread_name("aether-worker")
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let code = rt.block_on(serve(Arc::new(cfg), catalog, set_log_filter));
+    crate::accesslog::flush();
+    // Connections still open past drain.timeout are abandoned, not waited for.
+    rt.shutdown_timeout(std::time::Duration::from_millis(100));
+    code
+}
+
+async fn bind(what: &str, addr: SocketAddr) -> Result<TcpListener, String> {
+    let sock = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+    }
+    .map_err(|e| format!("{what} {addr}: {e}"))?;
+    sock.set_reuseaddr(true)
+        .map_err(|e| format!("{what} {addr}: {e}"))?;
+    sock.set_nodelay(true).ok();
+    sock.bind(addr)
+        .map_err(|e| format!("{what} {addr}: cannot bind: {e}"))?;
+    sock.listen(1024)
+        .map_err(|e| format!("{what} {addr}: cannot listen: {e}"))
+}
+
+async fn serve(cfg: Arc<Config>, _catalog: Catalog, set_log_filter: SetLogFilter) -> ExitCode {
+    let identity = match IdentityStore::load(&cfg) {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let drain = Drain::default();
+    let tracker = Tracker::default();
+    let admin = Arc::new(Admin {
+        drain: drain.clone(),
+        bound: Default::default(),
+        listeners: ListenerCheck::new(cfg.readiness.required_listeners.clone()),
+        set_log_filter,
+        views: Vec::new(),
+    });
+    let admin_listener = match bind("admin", cfg.admin.listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    {
+        // Its own thread and runtime: scrapes never queue behind data-path work.
+        let admin = admin.clone();
+        let std_listener = match admin_listener.into_std() {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("error: admin listener: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        std::thread::Builder::new()
+            .name("aether-admin".into())
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build();
+                if let Ok(rt) = rt {
+                    rt.block_on(async move {
+                        if let Ok(l) = TcpListener::from_std(std_listener) {
+                            admin.serve(l).await;
+                        }
+                    });
+                }
+            })
+            .ok();
+    }
+    let inbound_listener = match bind("inbound", cfg.inbound.listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let inbound = Arc::new(Inbound::new(
+        &cfg,
+        identity.clone(),
+        drain.clone(),
+        tracker.clone(),
+    ));
+    let inbound_task = tokio::spawn(inbound.serve(inbound_listener));
+    admin.bound.store(true, Ordering::Release);
+    tracing::info!(
+        inbound = %cfg.inbound.listen,
+        outbound = %cfg.outbound.listen,
+        admin = %cfg.admin.listen,
+        identity = %identity.current().identity.spiffe_id,
+        "aether-proxy serving"
+    );
+
+    tokio::spawn(signals(drain.clone()));
+    Drain::reached(drain.watch(), Phase::Notifying).await;
+    tracing::info!(notify = ?cfg.drain.notify, "drain: reporting not ready, still serving");
+    tokio::time::sleep(cfg.drain.notify).await;
+    drain.advance(Phase::Closing);
+    let _ = inbound_task.await;
+    tracing::info!(open = tracker.open(), timeout = ?cfg.drain.timeout, "drain: listeners closed, waiting for in-flight work");
+    let left = tracker.wait_idle(cfg.drain.timeout).await;
+    if left > 0 {
+        tracing::warn!(open = left, "drain timeout reached; closing what is left");
+    } else {
+        tracing::info!("drain complete");
+    }
+    ExitCode::SUCCESS
+}
+
+async fn signals(drain: Drain) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: starting drain"),
+        _ = int.recv() => tracing::info!("SIGINT: starting drain"),
+    }
+    drain.advance(Phase::Notifying);
+}

@@ -1,0 +1,108 @@
+//! Two-phase drain (SPEC section 1): report not ready while still serving for `drain.notify`,
+//! then stop accepting, ask open connections to finish (GOAWAY / `Connection: close`) and wait
+//! up to `drain.timeout` for in-flight work.
+
+use tokio::sync::watch;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Phase {
+    Serving,
+    /// `/readyz` is 503; listeners still accept and serve.
+    Notifying,
+    /// Listeners closed; connections are finishing.
+    Closing,
+}
+
+#[derive(Clone)]
+pub struct Drain {
+    tx: watch::Sender<Phase>,
+}
+
+impl Default for Drain {
+    fn default() -> Self {
+        Drain {
+            tx: watch::Sender::new(Phase::Serving),
+        }
+    }
+}
+
+impl Drain {
+    pub fn phase(&self) -> Phase {
+        *self.tx.borrow()
+    }
+
+    /// Moves forward only; returns true when this call changed the phase.
+    pub fn advance(&self, to: Phase) -> bool {
+        self.tx.send_if_modified(|p| {
+            if *p < to {
+                *p = to;
+                true
+            } else {
+                false
+            }
+        })
+    }
+
+    pub fn watch(&self) -> watch::Receiver<Phase> {
+        self.tx.subscribe()
+    }
+
+    /// Resolves once the phase reaches `at`.
+    pub async fn reached(mut rx: watch::Receiver<Phase>, at: Phase) {
+        let _ = rx.wait_for(|p| *p >= at).await;
+    }
+}
+
+/// Counts open connections so the drain can wait for them.
+#[derive(Clone, Default)]
+pub struct Tracker {
+    inner: std::sync::Arc<TrackerInner>,
+}
+
+#[derive(Default)]
+struct TrackerInner {
+    open: std::sync::atomic::AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+pub struct TrackGuard(std::sync::Arc<TrackerInner>);
+
+impl Tracker {
+    pub fn track(&self) -> TrackGuard {
+        self.inner
+            .open
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        TrackGuard(self.inner.clone())
+    }
+
+    pub fn open(&self) -> usize {
+        self.inner.open.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Waits until nothing is open, or `limit` passes; returns what is still open.
+    pub async fn wait_idle(&self, limit: std::time::Duration) -> usize {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let notified = self.inner.idle.notified();
+            if self.open() == 0 {
+                return 0;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return self.open();
+            }
+        }
+    }
+}
+
+impl Drop for TrackGuard {
+    fn drop(&mut self) {
+        if self
+            .0
+            .open
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst)
+            == 1
+        {
+            self.0.idle.notify_waiters();
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! The answers the proxy itself gives (SPEC section 7): a status, `x-aether-error: <reason>` and
+//! a one-line text body.
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode};
+use http_body_util::{Either, Full};
+use hyper::body::Incoming;
+
+/// A response body: streamed from a peer, or made here.
+pub type Body = Either<Incoming, Full<Bytes>>;
+
+pub const X_AETHER_ERROR: &str = "x-aether-error";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    BadAuthority,
+    NotATcpPort,
+    NotAnHttpPort,
+    Forbidden,
+    NoRoute,
+    HeadersTooLarge,
+    UpstreamProtocolError,
+    UnknownService,
+    PortNotExposed,
+    NoEndpoints,
+    NoHealthyUpstream,
+    UpstreamConnectFailure,
+    UpstreamIdentityMismatch,
+    AppUnavailable,
+    UpstreamTimeout,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::BadAuthority => "bad-authority",
+            Reason::NotATcpPort => "not-a-tcp-port",
+            Reason::NotAnHttpPort => "not-an-http-port",
+            Reason::Forbidden => "forbidden",
+            Reason::NoRoute => "no-route",
+            Reason::HeadersTooLarge => "headers-too-large",
+            Reason::UpstreamProtocolError => "upstream-protocol-error",
+            Reason::UnknownService => "unknown-service",
+            Reason::PortNotExposed => "port-not-exposed",
+            Reason::NoEndpoints => "no-endpoints",
+            Reason::NoHealthyUpstream => "no-healthy-upstream",
+            Reason::UpstreamConnectFailure => "upstream-connect-failure",
+            Reason::UpstreamIdentityMismatch => "upstream-identity-mismatch",
+            Reason::AppUnavailable => "app-unavailable",
+            Reason::UpstreamTimeout => "upstream-timeout",
+        }
+    }
+
+    pub fn status(self) -> StatusCode {
+        match self {
+            Reason::BadAuthority | Reason::NotATcpPort | Reason::NotAnHttpPort => {
+                StatusCode::BAD_REQUEST
+            }
+            Reason::Forbidden => StatusCode::FORBIDDEN,
+            Reason::NoRoute => StatusCode::NOT_FOUND,
+            Reason::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            Reason::UpstreamProtocolError => StatusCode::BAD_GATEWAY,
+            Reason::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+            _ => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    fn message(self) -> &'static str {
+        match self {
+            Reason::BadAuthority => "missing or malformed authority or port",
+            Reason::NotATcpPort => "CONNECT is only for ports whose protocol is tcp",
+            Reason::NotAnHttpPort => "this port carries raw TCP; use CONNECT",
+            Reason::Forbidden => "peer identity is not allowed on this port",
+            Reason::NoRoute => "authority is not a mesh service",
+            Reason::HeadersTooLarge => "request headers too large",
+            Reason::UpstreamProtocolError => "upstream broke the HTTP exchange",
+            Reason::UnknownService => "no such service in the catalog",
+            Reason::PortNotExposed => "no endpoint of the service serves this port",
+            Reason::NoEndpoints => "no eligible endpoint for this port",
+            Reason::NoHealthyUpstream => "every endpoint is ejected",
+            Reason::UpstreamConnectFailure => "could not connect to an endpoint",
+            Reason::UpstreamIdentityMismatch => "upstream identity does not match the service",
+            Reason::AppUnavailable => "the application port did not answer",
+            Reason::UpstreamTimeout => "upstream did not answer in time",
+        }
+    }
+
+    /// The full answer.
+    pub fn response(self) -> Response<Body> {
+        let mut r = Response::new(Either::Right(Full::new(Bytes::from(format!(
+            "{}: {}\n",
+            self.as_str(),
+            self.message()
+        )))));
+        *r.status_mut() = self.status();
+        let h = r.headers_mut();
+        h.insert(X_AETHER_ERROR, HeaderValue::from_static(self.as_str()));
+        h.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain"),
+        );
+        r
+    }
+}

@@ -1,0 +1,33 @@
+//! Raw TCP chains: bytes both ways between the peer and `app_host:<port>`, half-close respected.
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+use super::chain::Chain;
+use super::{Inbound, Peer, TlsStream};
+
+pub async fn forward(inbound: &Inbound, chain: &Chain, peer: &Peer, mut tls: TlsStream) {
+    if !chain.allows(&peer.spiffe_id) {
+        tracing::info!(peer = %peer.spiffe_id, port = chain.port, "inbound tcp: identity not allowed; closing");
+        let _ = tls.shutdown().await;
+        return;
+    }
+    let mut app = match TcpStream::connect((inbound.app_host, chain.port)).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::info!(
+                port = chain.port,
+                "inbound tcp: app port did not answer: {e}"
+            );
+            let _ = tls.shutdown().await;
+            return;
+        }
+    };
+    let _ = app.set_nodelay(true);
+    // copy_bidirectional shuts down each write side when the other side's read ends, so a
+    // half-closed peer still gets the app's remaining answer.
+    match tokio::io::copy_bidirectional(&mut tls, &mut app).await {
+        Ok((up, down)) => tracing::debug!(port = chain.port, up, down, "inbound tcp done"),
+        Err(e) => tracing::debug!(port = chain.port, "inbound tcp ended: {e}"),
+    }
+}

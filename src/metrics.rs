@@ -1,0 +1,177 @@
+//! Prometheus metrics (SPEC section 6). Label values come from the config and catalog only,
+//! never from raw client input, so cardinality stays bounded.
+
+use std::sync::OnceLock;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum Direction {
+    inbound,
+    outbound,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub direction: Direction,
+    pub service: String,
+    pub port: u16,
+    pub code: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DirectionLabels {
+    pub direction: Direction,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerLabels {
+    pub listener: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HandshakeLabels {
+    pub listener: &'static str,
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ServicePortLabels {
+    pub service: String,
+    pub port: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: &'static str,
+}
+
+pub struct Metrics {
+    pub registry: Registry,
+    pub requests: Family<RequestLabels, Counter>,
+    pub duration: Family<DirectionLabels, Histogram>,
+    pub connections_active: Family<ListenerLabels, Gauge>,
+    pub tls_handshakes: Family<HandshakeLabels, Counter>,
+    pub outlier_ejections: Family<ServicePortLabels, Counter>,
+    pub catalog_reloads: Family<ResultLabels, Counter>,
+    pub identity_reloads: Family<ResultLabels, Counter>,
+}
+
+fn duration_histogram() -> Histogram {
+    Histogram::new([
+        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    ])
+}
+
+impl Metrics {
+    fn new() -> Metrics {
+        let mut registry = Registry::default();
+        let requests = Family::<RequestLabels, Counter>::default();
+        let duration = Family::<DirectionLabels, Histogram>::new_with_constructor(
+            duration_histogram as fn() -> Histogram,
+        );
+        let connections_active = Family::<ListenerLabels, Gauge>::default();
+        let tls_handshakes = Family::<HandshakeLabels, Counter>::default();
+        let outlier_ejections = Family::<ServicePortLabels, Counter>::default();
+        let catalog_reloads = Family::<ResultLabels, Counter>::default();
+        let identity_reloads = Family::<ResultLabels, Counter>::default();
+        registry.register("aether_requests", "Requests handled", requests.clone());
+        registry.register(
+            "aether_request_duration_seconds",
+            "Request duration until the response headers",
+            duration.clone(),
+        );
+        registry.register(
+            "aether_connections_active",
+            "Open downstream connections",
+            connections_active.clone(),
+        );
+        registry.register(
+            "aether_tls_handshakes",
+            "Completed TLS handshakes",
+            tls_handshakes.clone(),
+        );
+        registry.register(
+            "aether_outlier_ejections",
+            "Endpoints ejected by outlier detection",
+            outlier_ejections.clone(),
+        );
+        registry.register(
+            "aether_catalog_reloads",
+            "Catalog file reloads",
+            catalog_reloads.clone(),
+        );
+        registry.register(
+            "aether_identity_reloads",
+            "Identity certificate reloads",
+            identity_reloads.clone(),
+        );
+        // Pre-create the series operators alert on, so they read 0 rather than absent.
+        for listener in ["inbound", "outbound"] {
+            for result in ["ok", "error"] {
+                let _ = tls_handshakes.get_or_create(&HandshakeLabels { listener, result });
+            }
+        }
+        for result in ["ok", "error"] {
+            let _ = catalog_reloads.get_or_create(&ResultLabels { result });
+            let _ = identity_reloads.get_or_create(&ResultLabels { result });
+        }
+        Metrics {
+            registry,
+            requests,
+            duration,
+            connections_active,
+            tls_handshakes,
+            outlier_ejections,
+            catalog_reloads,
+            identity_reloads,
+        }
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    pub fn handshake(&self, listener: &'static str, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.tls_handshakes
+            .get_or_create(&HandshakeLabels { listener, result })
+            .inc();
+    }
+}
+
+/// The process-wide metrics (one registry per process, as Prometheus expects).
+pub fn get() -> &'static Metrics {
+    static M: OnceLock<Metrics> = OnceLock::new();
+    M.get_or_init(Metrics::new)
+}
+
+/// Counts a connection as active until dropped.
+pub struct ActiveConnection(&'static str);
+
+impl ActiveConnection {
+    pub fn new(listener: &'static str) -> ActiveConnection {
+        get()
+            .connections_active
+            .get_or_create(&ListenerLabels { listener })
+            .inc();
+        ActiveConnection(listener)
+    }
+}
+
+impl Drop for ActiveConnection {
+    fn drop(&mut self) {
+        get()
+            .connections_active
+            .get_or_create(&ListenerLabels { listener: self.0 })
+            .dec();
+    }
+}
