@@ -20,6 +20,9 @@ use crate::readiness::{ListenerCheck, ListenerStatus};
 /// Changes the log filter at run time (`POST /logging?level=...`).
 pub type SetLogFilter = Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
 
+/// A JSON view served at a path.
+pub type View = Box<dyn Fn() -> serde_json::Value + Send + Sync>;
+
 pub struct Admin {
     pub drain: Drain,
     /// Set once every data-plane listener is bound.

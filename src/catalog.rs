@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -132,7 +133,8 @@ struct RawCatalog {
 
 #[derive(Debug, Clone, Default)]
 pub struct Catalog {
-    pub services: BTreeMap<String, Service>,
+    /// Shared with the clusters built from it.
+    pub services: BTreeMap<String, Arc<Service>>,
 }
 
 impl Catalog {
@@ -259,7 +261,7 @@ impl Catalog {
                 .collect();
             services.insert(
                 name.clone(),
-                Service {
+                Arc::new(Service {
                     name,
                     default_port: raw.default_port,
                     identity: raw.identity,
@@ -270,7 +272,7 @@ impl Catalog {
                     routes: raw.routes,
                     endpoints,
                     ports,
-                },
+                }),
             );
         }
         if errs.is_empty() {
@@ -290,5 +292,35 @@ fn parse_endpoint_address(s: &str) -> Result<SocketAddr, String> {
         Ok(a) if a.port() != 0 => Ok(a),
         Ok(_) => Err("port must be in 1..65535".into()),
         Err(_) => Err(format!("{s:?} is not an IP address or IP:port")),
+    }
+}
+
+/// The current catalog, swapped whole on reload (a request sees the old or the new one).
+pub struct CatalogStore {
+    current: arc_swap::ArcSwap<Catalog>,
+    version: std::sync::atomic::AtomicU64,
+}
+
+impl CatalogStore {
+    pub fn new(catalog: Catalog) -> CatalogStore {
+        CatalogStore {
+            current: arc_swap::ArcSwap::from_pointee(catalog),
+            version: std::sync::atomic::AtomicU64::new(1),
+        }
+    }
+
+    pub fn load(&self) -> arc_swap::Guard<Arc<Catalog>> {
+        self.current.load()
+    }
+
+    pub fn store(&self, catalog: Catalog) {
+        self.current.store(Arc::new(catalog));
+        self.version
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Starts at 1 and grows by one per successful reload.
+    pub fn version(&self) -> u64 {
+        self.version.load(std::sync::atomic::Ordering::SeqCst)
     }
 }

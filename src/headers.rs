@@ -69,6 +69,41 @@ pub fn xfcc_value(own_id: &str, peer_hash: &str, peer_id: &str) -> HeaderValue {
         .unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
+/// Points a request at its next hop. For HTTP/2 the URI becomes absolute with `authority`
+/// (sent as `:authority`) and `Host` goes; for HTTP/1.1 the URI becomes origin-form and `Host`
+/// is `authority` (a URI authority wins over a Host header, RFC 9112 3.2.2).
+pub fn retarget<B>(
+    req: &mut http::Request<B>,
+    to_h2: bool,
+    authority: &str,
+) -> Result<(), crate::errors::Reason> {
+    use crate::errors::Reason;
+    let pq = req
+        .uri()
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/");
+    if to_h2 {
+        let scheme = req.uri().scheme_str().unwrap_or("http");
+        let uri = http::Uri::builder()
+            .scheme(scheme)
+            .authority(authority)
+            .path_and_query(pq)
+            .build()
+            .map_err(|_| Reason::BadAuthority)?;
+        *req.uri_mut() = uri;
+        req.headers_mut().remove(http::header::HOST);
+        *req.version_mut() = http::Version::HTTP_2;
+    } else {
+        let uri = http::Uri::try_from(pq).map_err(|_| Reason::BadAuthority)?;
+        let host = HeaderValue::from_str(authority).map_err(|_| Reason::BadAuthority)?;
+        *req.uri_mut() = uri;
+        req.headers_mut().insert(http::header::HOST, host);
+        *req.version_mut() = http::Version::HTTP_11;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,11 +12,13 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{reload, EnvFilter};
 
 use crate::admin::{Admin, SetLogFilter};
-use crate::catalog::Catalog;
+use crate::catalog::{Catalog, CatalogStore};
+use crate::cluster::Clusters;
 use crate::config::Config;
 use crate::drain::{Drain, Phase, Tracker};
 use crate::identity::IdentityStore;
 use crate::inbound::Inbound;
+use crate::outbound::Outbound;
 use crate::readiness::ListenerCheck;
 
 /// `aether-proxy check`: exit 0 when the config, its catalog and its identity files are good.
@@ -125,7 +127,7 @@ async fn bind(what: &str, addr: SocketAddr) -> Result<TcpListener, String> {
         .map_err(|e| format!("{what} {addr}: cannot listen: {e}"))
 }
 
-async fn serve(cfg: Arc<Config>, _catalog: Catalog, set_log_filter: SetLogFilter) -> ExitCode {
+async fn serve(cfg: Arc<Config>, catalog: Catalog, set_log_filter: SetLogFilter) -> ExitCode {
     let identity = match IdentityStore::load(&cfg) {
         Ok(i) => i,
         Err(e) => {
@@ -135,12 +137,14 @@ async fn serve(cfg: Arc<Config>, _catalog: Catalog, set_log_filter: SetLogFilter
     };
     let drain = Drain::default();
     let tracker = Tracker::default();
+    let catalog = Arc::new(CatalogStore::new(catalog));
+    let clusters = Arc::new(Clusters::new(&cfg.mesh_domain));
     let admin = Arc::new(Admin {
         drain: drain.clone(),
         bound: Default::default(),
         listeners: ListenerCheck::new(cfg.readiness.required_listeners.clone()),
         set_log_filter,
-        views: Vec::new(),
+        views: admin_views(&cfg, &catalog, &clusters, &identity),
     });
     let admin_listener = match bind("admin", cfg.admin.listen).await {
         Ok(l) => l,
@@ -189,6 +193,22 @@ async fn serve(cfg: Arc<Config>, _catalog: Catalog, set_log_filter: SetLogFilter
         tracker.clone(),
     ));
     let inbound_task = tokio::spawn(inbound.serve(inbound_listener));
+    let outbound_listener = match bind("outbound", cfg.outbound.listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let outbound = Arc::new(Outbound::new(
+        &cfg,
+        catalog.clone(),
+        clusters.clone(),
+        identity.clone(),
+        drain.clone(),
+        tracker.clone(),
+    ));
+    let outbound_task = tokio::spawn(outbound.serve(outbound_listener));
     admin.bound.store(true, Ordering::Release);
     tracing::info!(
         inbound = %cfg.inbound.listen,
@@ -204,6 +224,7 @@ async fn serve(cfg: Arc<Config>, _catalog: Catalog, set_log_filter: SetLogFilter
     tokio::time::sleep(cfg.drain.notify).await;
     drain.advance(Phase::Closing);
     let _ = inbound_task.await;
+    let _ = outbound_task.await;
     tracing::info!(open = tracker.open(), timeout = ?cfg.drain.timeout, "drain: listeners closed, waiting for in-flight work");
     let left = tracker.wait_idle(cfg.drain.timeout).await;
     if left > 0 {
@@ -212,6 +233,62 @@ async fn serve(cfg: Arc<Config>, _catalog: Catalog, set_log_filter: SetLogFilter
         tracing::info!("drain complete");
     }
     ExitCode::SUCCESS
+}
+
+/// `/config_dump` and `/clusters`.
+fn admin_views(
+    cfg: &Arc<Config>,
+    catalog: &Arc<CatalogStore>,
+    clusters: &Arc<Clusters>,
+    identity: &Arc<IdentityStore>,
+) -> Vec<(&'static str, crate::admin::View)> {
+    let c = clusters.clone();
+    let clusters_view: crate::admin::View = Box::new(move || c.to_json());
+    let (cfg, catalog, c, identity) = (
+        cfg.clone(),
+        catalog.clone(),
+        clusters.clone(),
+        identity.clone(),
+    );
+    let dump: crate::admin::View = Box::new(move || {
+        let id = identity.current();
+        serde_json::json!({
+            "config": {
+                "mesh_domain": cfg.mesh_domain,
+                "trust_domain": cfg.trust_domain,
+                "locality": cfg.locality.as_ref().map(|l| l.to_string()),
+                "identity": {
+                    "cert": cfg.identity.cert, "key": cfg.identity.key, "ca": cfg.identity.ca,
+                    "spiffe_id": id.identity.spiffe_id, "serial": id.identity.serial,
+                },
+                "source_identities": cfg.source_identities.iter().map(|s| serde_json::json!({
+                    "source": s.source.to_string(), "cert": s.cert, "key": s.key,
+                })).collect::<Vec<_>>(),
+                "inbound": {
+                    "listen": cfg.inbound.listen.to_string(),
+                    "app_host": cfg.inbound.app_host.to_string(),
+                    "default_port": cfg.inbound.default_port,
+                    "ports": cfg.inbound.ports.iter().map(|p| serde_json::json!({
+                        "port": p.port, "protocol": format!("{:?}", p.protocol).to_lowercase(), "allow": p.allow,
+                    })).collect::<Vec<_>>(),
+                },
+                "outbound": { "listen": cfg.outbound.listen.to_string() },
+                "admin": { "listen": cfg.admin.listen.to_string() },
+                "readiness": { "required_listeners": cfg.readiness.required_listeners },
+                "catalog": { "path": cfg.catalog.path },
+                "drain": {
+                    "notify": humantime::format_duration(cfg.drain.notify).to_string(),
+                    "timeout": humantime::format_duration(cfg.drain.timeout).to_string(),
+                },
+            },
+            "catalog": {
+                "version": catalog.version(),
+                "services": catalog.load().services.keys().collect::<Vec<_>>(),
+            },
+            "clusters": c.to_json()["clusters"].clone(),
+        })
+    });
+    vec![("/clusters", clusters_view), ("/config_dump", dump)]
 }
 
 async fn signals(drain: Drain) {

@@ -176,7 +176,7 @@ where
     }
 }
 
-/// What [`SniKind`] the inbound chain selector sees for a ClientHello's SNI.
+/// How the inbound chain selector reads a ClientHello's SNI (SPEC 1, "Inbound").
 ///
 /// Port-shaped means all ASCII digits, or `p-` (any case) followed by ASCII digits: what the mesh
 /// sends ("9090") and its DNS-shaped alias ("p-9090").

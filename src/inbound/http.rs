@@ -4,108 +4,26 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use http::{HeaderValue, Request, Response, Uri, Version};
+use http::{HeaderValue, Request, Response, Version};
 use http_body_util::Either;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 use super::chain::Chain;
 use super::{Inbound, Peer, TlsStream};
 use crate::accesslog;
 use crate::config::Protocol;
-use crate::drain::{Drain, Phase};
+use crate::drain::Phase;
 use crate::errors::{Body, Reason};
 use crate::headers;
+use crate::http_server::serve_until_drained;
 use crate::identity::tls::ALPN_H2;
 use crate::metrics::{self, Direction};
 use crate::pool::{self, Conn};
-
-/// Server builders, made once and shared by every connection.
-pub struct Servers {
-    h1: hyper::server::conn::http1::Builder,
-    h2: hyper::server::conn::http2::Builder<TokioExecutor>,
-    auto: hyper_util::server::conn::auto::Builder<TokioExecutor>,
-}
-
-/// Slow clients are cut off after this long without a complete header block.
-pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// Idle downstream connections close after this long (SPEC section 8).
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
-
-impl Servers {
-    pub fn new() -> Servers {
-        let mut h1 = hyper::server::conn::http1::Builder::new();
-        configure_h1(&mut h1);
-        let mut h2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-        configure_h2(&mut h2);
-        let mut auto = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-        // The auto builder wraps the same settings behind its own types.
-        auto.http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(HEADER_READ_TIMEOUT)
-            .max_headers(headers::MAX_HEADERS * 2)
-            .max_buf_size(256 * 1024)
-            .keep_alive(true);
-        auto.http2()
-            .timer(TokioTimer::new())
-            .max_concurrent_streams(1024)
-            .initial_stream_window_size(16 << 20)
-            .initial_connection_window_size(24 << 20)
-            .max_frame_size(64 << 10)
-            .max_header_list_size(256 * 1024)
-            .max_pending_accept_reset_streams(Some(200))
-            .max_local_error_reset_streams(Some(1024));
-        Servers { h1, h2, auto }
-    }
-}
-
-impl Default for Servers {
-    fn default() -> Self {
-        Servers::new()
-    }
-}
-
-fn configure_h1(b: &mut hyper::server::conn::http1::Builder) {
-    // hyper answers past its own limits; ours (100 headers, 60 KiB) are checked per request so
-    // the answer carries `x-aether-error`.
-    b.timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
-        .max_headers(headers::MAX_HEADERS * 2)
-        .max_buf_size(256 * 1024)
-        .keep_alive(true);
-}
-
-fn configure_h2(b: &mut hyper::server::conn::http2::Builder<TokioExecutor>) {
-    b.timer(TokioTimer::new())
-        .max_concurrent_streams(1024)
-        .initial_stream_window_size(16 << 20)
-        .initial_connection_window_size(24 << 20)
-        .max_frame_size(64 << 10)
-        .max_header_list_size(256 * 1024)
-        // Rapid reset (CVE-2023-44487): h2 closes connections that reset too many streams.
-        .max_pending_accept_reset_streams(Some(200))
-        .max_local_error_reset_streams(Some(1024));
-}
-
-/// Serves one HTTP connection until it ends, or finishes it gracefully once the drain closes.
-macro_rules! serve_until_drained {
-    ($conn:expr, $drain:expr) => {{
-        let conn = $conn;
-        tokio::pin!(conn);
-        let closing = Drain::reached($drain.watch(), Phase::Closing);
-        tokio::select! {
-            r = conn.as_mut() => r.map_err(|e| e.to_string()),
-            _ = closing => {
-                conn.as_mut().graceful_shutdown();
-                conn.await.map_err(|e| e.to_string())
-            }
-        }
-    }};
-}
 
 pub async fn serve(inbound: Arc<Inbound>, chain: Chain, peer: Peer, own_id: &str, tls: TlsStream) {
     let h2_alpn = tls.ssl().selected_alpn_protocol() == Some(ALPN_H2);
@@ -229,7 +147,14 @@ impl Inbound {
             _ => req.version() == Version::HTTP_2,
         };
         let port = conn.chain.port;
-        set_target(&mut req, to_h2, authority, self.app_host, port)?;
+        let fallback;
+        let authority = if authority.is_empty() {
+            fallback = format!("{}:{port}", self.app_host);
+            fallback.as_str()
+        } else {
+            authority
+        };
+        headers::retarget(&mut req, to_h2, authority)?;
         let key = (port, to_h2);
         let sender = match self.app_pool.get(&key, 0) {
             Some(c) => c,
@@ -281,47 +206,6 @@ impl Inbound {
             Ok(Conn::H1(s, 0))
         }
     }
-}
-
-/// Points the request at the app: absolute URI with the original authority for h2 (it becomes
-/// `:authority`), origin-form plus `Host` for HTTP/1.1.
-fn set_target(
-    req: &mut Request<Incoming>,
-    to_h2: bool,
-    authority: &str,
-    app_host: std::net::IpAddr,
-    port: u16,
-) -> Result<(), Reason> {
-    let pq = req
-        .uri()
-        .path_and_query()
-        .map(|p| p.as_str())
-        .unwrap_or("/")
-        .to_string();
-    if to_h2 {
-        let auth = if authority.is_empty() {
-            format!("{app_host}:{port}")
-        } else {
-            authority.to_string()
-        };
-        let scheme = req.uri().scheme_str().unwrap_or("http").to_string();
-        *req.uri_mut() = Uri::builder()
-            .scheme(scheme.as_str())
-            .authority(auth)
-            .path_and_query(pq)
-            .build()
-            .map_err(|_| Reason::BadAuthority)?;
-        req.headers_mut().remove(http::header::HOST);
-        *req.version_mut() = Version::HTTP_2;
-    } else {
-        if !authority.is_empty() && !req.headers().contains_key(http::header::HOST) {
-            let v = HeaderValue::from_str(authority).map_err(|_| Reason::BadAuthority)?;
-            req.headers_mut().insert(http::header::HOST, v);
-        }
-        *req.uri_mut() = Uri::try_from(pq).map_err(|_| Reason::BadAuthority)?;
-        *req.version_mut() = Version::HTTP_11;
-    }
-    Ok(())
 }
 
 pub fn content_length(h: &http::HeaderMap) -> u64 {

@@ -44,7 +44,7 @@ pub struct Inbound {
     pub tracker: crate::drain::Tracker,
     /// Pooled connections to the local app, keyed by (port, h2).
     pub app_pool: Arc<Pool<(u16, bool)>>,
-    pub servers: http::Servers,
+    pub servers: crate::http_server::Servers,
     /// `service` label for metrics: this workload's service account.
     pub service_label: String,
 }
@@ -75,7 +75,7 @@ impl Inbound {
             drain,
             tracker,
             app_pool,
-            servers: http::Servers::new(),
+            servers: crate::http_server::Servers::new(),
             service_label,
         }
     }
