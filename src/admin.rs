@@ -30,10 +30,7 @@ pub struct Admin {
     pub listeners: Arc<ListenerCheck>,
     pub set_log_filter: SetLogFilter,
     /// Extra JSON views (config dump, clusters), filled in by the outbound side.
-    pub views: Vec<(
-        &'static str,
-        Box<dyn Fn() -> serde_json::Value + Send + Sync>,
-    )>,
+    pub views: Vec<(&'static str, View)>,
 }
 
 fn reply(

@@ -85,7 +85,7 @@ impl Outcome {
 
 enum SendError {
     /// The connection was gone before the request went out: safe to retry.
-    NotSent(Request<Incoming>),
+    NotSent(Box<Request<Incoming>>),
     Failed(hyper::Error),
 }
 
@@ -344,7 +344,7 @@ impl Outbound {
                     cluster.record(&ep, resp.status().is_server_error());
                     return Ok((resp, ep.address));
                 }
-                Err(SendError::NotSent(r)) => req = Some(r),
+                Err(SendError::NotSent(r)) => req = Some(*r),
                 Err(SendError::Failed(e)) => {
                     tracing::info!(cluster = %cluster.name, endpoint = %ep.address, "upstream broke the exchange: {e}");
                     cluster.record(&ep, true);
@@ -364,7 +364,7 @@ impl Outbound {
     ) -> Result<Response<Incoming>, SendError> {
         let unsent =
             |mut e: hyper::client::conn::TrySendError<Request<Incoming>>| match e.take_message() {
-                Some(r) => SendError::NotSent(r),
+                Some(r) => SendError::NotSent(Box::new(r)),
                 None => SendError::Failed(e.into_error()),
             };
         match conn {
@@ -376,7 +376,7 @@ impl Outbound {
             }
             Conn::H2(mut s, _) => {
                 if s.ready().await.is_err() {
-                    return Err(SendError::NotSent(req));
+                    return Err(SendError::NotSent(Box::new(req)));
                 }
                 s.try_send_request(req).await.map_err(unsent)
             }

@@ -92,8 +92,14 @@ pub struct Net {
 
 impl Net {
     pub fn new(suite: u8, test: u8) -> Net {
-        assert!(suite >= 1, "suite 0 (127.0.x.x) is reserved for configs/ and manual runs");
-        assert!((1..=254).contains(&test), "test number {test} is not in 1..=254");
+        assert!(
+            suite >= 1,
+            "suite 0 (127.0.x.x) is reserved for configs/ and manual runs"
+        );
+        assert!(
+            (1..=254).contains(&test),
+            "test number {test} is not in 1..=254"
+        );
         Net { suite, test }
     }
 
@@ -145,17 +151,28 @@ impl PodNet {
         assert!(k <= 12, "extra host {k} is not in 0..=12");
         self.net.ip(self.base + 3 + k)
     }
-    /// The `inbound:`, `outbound:` and `admin:` listen settings for this pod, as YAML lines
-    /// (no `inbound.ports`; append those). `app_host` is set to [`PodNet::app_host`].
-    pub fn listeners_yaml(&self, default_port: u16) -> String {
-        format!(
-            "inbound:\n  listen: {}\n  app_host: {}\n  default_port: {default_port}\n\
-             outbound:\n  listen: {}\nadmin:\n  listen: {}\n",
+    /// The `inbound:`, `outbound:` and `admin:` sections for this pod, as YAML: every listener
+    /// on [`PodNet::proxy_ip`], `inbound.app_host` = [`PodNet::app_host`], and `inbound.ports`
+    /// from `ports`, each a YAML flow mapping such as `"{ port: 9090, protocol: h2 }"` (empty:
+    /// the key is left out, so the proxy's default applies).
+    pub fn listeners_yaml(&self, default_port: u16, ports: &[&str]) -> String {
+        let mut y = format!(
+            "inbound:\n  listen: {}\n  app_host: {}\n  default_port: {default_port}\n",
             self.inbound(),
-            self.app_host(),
+            self.app_host()
+        );
+        if !ports.is_empty() {
+            y.push_str("  ports:\n");
+            for p in ports {
+                y.push_str(&format!("    - {p}\n"));
+            }
+        }
+        y.push_str(&format!(
+            "outbound:\n  listen: {}\nadmin:\n  listen: {}\n",
             self.outbound(),
             self.admin()
-        )
+        ));
+        y
     }
 }
 
@@ -440,7 +457,7 @@ impl Proxy {
     /// the deadline passes.
     pub async fn wait_ready(&mut self, limit: Duration) {
         let deadline = Instant::now() + limit;
-        let mut last = String::from("no answer yet");
+        let mut last;
         loop {
             if let Some(status) = self.try_exit() {
                 panic!(
@@ -715,12 +732,7 @@ impl Drop for HttpApp {
     }
 }
 
-async fn serve_app_conn(
-    kind: AppKind,
-    port: u16,
-    tcp: TcpStream,
-    seen: Arc<Mutex<Vec<Seen>>>,
-) {
+async fn serve_app_conn(kind: AppKind, port: u16, tcp: TcpStream, seen: Arc<Mutex<Vec<Seen>>>) {
     let _ = tcp.set_nodelay(true);
     let svc = service_fn(move |req: Request<Incoming>| {
         let seen = seen.clone();
@@ -893,7 +905,10 @@ pub async fn wait_refused(addr: SocketAddr) {
             Ok(Err(e)) if e.kind() == io::ErrorKind::ConnectionRefused => return,
             _ => {}
         }
-        assert!(Instant::now() < deadline, "{addr} still accepts connections");
+        assert!(
+            Instant::now() < deadline,
+            "{addr} still accepts connections"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -1040,7 +1055,9 @@ impl TlsClient {
     }
 
     fn config(&self) -> Result<boring::ssl::ConnectConfiguration, String> {
-        let e = |what: &str| move |err: boring::error::ErrorStack| format!("{what}: {err}");
+        fn e(what: &'static str) -> impl Fn(boring::error::ErrorStack) -> String {
+            move |err| format!("{what}: {err}")
+        }
         let mut b = SslConnector::builder(SslMethod::tls()).map_err(e("connector"))?;
         b.set_ca_file(&self.ca).map_err(e("CA file"))?;
         b.set_verify(SslVerifyMode::PEER);
@@ -1079,7 +1096,13 @@ impl TlsClient {
         let tap = Tap::new(tcp);
         let received = tap.read.clone();
         let domain = self.sni.clone().unwrap_or_else(|| "no-sni.invalid".into());
-        match within(IO_TIMEOUT, "TLS handshake", tokio_boring::connect(cfg, &domain, tap)).await {
+        match within(
+            IO_TIMEOUT,
+            "TLS handshake",
+            tokio_boring::connect(cfg, &domain, tap),
+        )
+        .await
+        {
             Ok(Ok(s)) => Ok(s),
             Ok(Err(e)) => Err(TlsFailure {
                 error: e.to_string(),
@@ -1120,9 +1143,13 @@ pub fn peer_spiffe_id(tls: &TlsStream) -> Option<String> {
 // ---------------------------------------------------------------------------------------------
 
 pub async fn tcp_connect(addr: SocketAddr) -> Result<TcpStream, String> {
-    let tcp = within(IO_TIMEOUT, &format!("connect {addr}"), TcpStream::connect(addr))
-        .await?
-        .map_err(|e| format!("connect {addr}: {e}"))?;
+    let tcp = within(
+        IO_TIMEOUT,
+        &format!("connect {addr}"),
+        TcpStream::connect(addr),
+    )
+    .await?
+    .map_err(|e| format!("connect {addr}: {e}"))?;
     let _ = tcp.set_nodelay(true);
     Ok(tcp)
 }
