@@ -4,13 +4,13 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 
-use crate::catalog::{Catalog, Endpoint, Labels, Service};
+use crate::catalog::{CatalogStore, Endpoint, Labels, Service};
 use crate::config::Locality;
 use crate::metrics;
 
@@ -20,62 +20,44 @@ pub const OUTLIER_CONSECUTIVE: u32 = 5;
 pub const OUTLIER_BASE_EJECTION: Duration = Duration::from_secs(30);
 pub const OUTLIER_MAX_PERCENT: usize = 10;
 
-/// Live state of one endpoint inside one cluster.
+/// Counters that outlive catalog reloads: a rebuilt cluster shares them with its predecessor,
+/// so requests in flight across a reload still count, and outlier history is kept.
+#[derive(Default)]
+pub struct EndpointStats {
+    /// Requests in flight (least-outstanding-requests balancing).
+    pub active: AtomicU32,
+    consecutive_failures: AtomicU32,
+    ejections: AtomicU32,
+    /// Milliseconds since the clusters' epoch until which the endpoint is ejected.
+    ejected_until_ms: AtomicU64,
+}
+
+/// One endpoint inside one cluster.
 pub struct EndpointState {
     pub address: SocketAddr,
     pub locality: Option<Locality>,
     pub labels: Labels,
     pub draining: bool,
-    /// Requests in flight (least-outstanding-requests balancing).
-    pub active: AtomicU32,
-    consecutive_failures: AtomicU32,
-    ejections: AtomicU32,
-    /// Milliseconds since `epoch` until which the endpoint is ejected; 0 = not ejected.
-    ejected_until_ms: AtomicU64,
-    /// Set once the endpoint left the catalog: pooled connections to it close.
-    pub removed: AtomicBool,
+    pub stats: Arc<EndpointStats>,
 }
 
 impl EndpointState {
-    fn new(e: &Endpoint) -> EndpointState {
+    fn new(e: &Endpoint, stats: Arc<EndpointStats>) -> EndpointState {
         EndpointState {
             address: e.address,
             locality: e.locality.clone(),
             labels: e.labels.clone(),
             draining: e.draining,
-            active: AtomicU32::new(0),
-            consecutive_failures: AtomicU32::new(0),
-            ejections: AtomicU32::new(0),
-            ejected_until_ms: AtomicU64::new(0),
-            removed: AtomicBool::new(false),
+            stats,
         }
     }
 
-    /// A rebuilt endpoint keeps the outlier history and in-flight count of its predecessor.
-    fn carry_over(e: &Endpoint, old: &EndpointState) -> EndpointState {
-        let s = EndpointState::new(e);
-        s.active
-            .store(old.active.load(Ordering::Relaxed), Ordering::Relaxed);
-        s.consecutive_failures.store(
-            old.consecutive_failures.load(Ordering::Relaxed),
-            Ordering::Relaxed,
-        );
-        s.ejections
-            .store(old.ejections.load(Ordering::Relaxed), Ordering::Relaxed);
-        s.ejected_until_ms.store(
-            old.ejected_until_ms.load(Ordering::Relaxed),
-            Ordering::Relaxed,
-        );
-        s
+    pub fn active(&self) -> u32 {
+        self.stats.active.load(Ordering::Relaxed)
     }
 
     pub fn is_ejected(&self, now_ms: u64) -> bool {
-        self.ejected_until_ms.load(Ordering::Relaxed) > now_ms
-    }
-
-    /// Healthy for routing: not draining, not ejected.
-    pub fn available(&self, now_ms: u64) -> bool {
-        !self.draining && !self.is_ejected(now_ms)
+        self.stats.ejected_until_ms.load(Ordering::Relaxed) > now_ms
     }
 }
 
@@ -84,14 +66,14 @@ pub struct ActiveGuard(pub Arc<EndpointState>);
 
 impl ActiveGuard {
     pub fn new(e: Arc<EndpointState>) -> ActiveGuard {
-        e.active.fetch_add(1, Ordering::Relaxed);
+        e.stats.active.fetch_add(1, Ordering::Relaxed);
         ActiveGuard(e)
     }
 }
 
 impl Drop for ActiveGuard {
     fn drop(&mut self) {
-        self.0.active.fetch_sub(1, Ordering::Relaxed);
+        self.0.stats.active.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -113,11 +95,12 @@ impl Cluster {
 
     /// Records a request's outcome for outlier detection: 5xx and connect failures count.
     pub fn record(&self, e: &EndpointState, failed: bool) {
+        let st = &e.stats;
         if !failed {
-            e.consecutive_failures.store(0, Ordering::Relaxed);
+            st.consecutive_failures.store(0, Ordering::Relaxed);
             return;
         }
-        let n = e.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        let n = st.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
         if n < OUTLIER_CONSECUTIVE {
             return;
         }
@@ -130,10 +113,10 @@ impl Cluster {
         if ejected >= max {
             return;
         }
-        let times = e.ejections.fetch_add(1, Ordering::Relaxed) + 1;
+        let times = st.ejections.fetch_add(1, Ordering::Relaxed) + 1;
         let until = now + (OUTLIER_BASE_EJECTION.as_millis() as u64) * times as u64;
-        e.ejected_until_ms.store(until, Ordering::Relaxed);
-        e.consecutive_failures.store(0, Ordering::Relaxed);
+        st.ejected_until_ms.store(until, Ordering::Relaxed);
+        st.consecutive_failures.store(0, Ordering::Relaxed);
         tracing::warn!(cluster = %self.name, endpoint = %e.address, times, "outlier: endpoint ejected");
         metrics::get()
             .outlier_ejections
@@ -156,51 +139,60 @@ impl Cluster {
                 "labels": e.labels,
                 "draining": e.draining,
                 "ejected": e.is_ejected(now),
-                "active_requests": e.active.load(Ordering::Relaxed),
+                "active_requests": e.active(),
             })).collect::<Vec<_>>(),
         })
     }
 }
 
+/// Materialized clusters by service, then port.
+type ClusterMap = HashMap<String, HashMap<u16, Arc<Cluster>>>;
+
 /// The materialized clusters, read lock-free on the hot path.
 pub struct Clusters {
     mesh_domain: String,
-    map: ArcSwap<HashMap<(String, u16), Arc<Cluster>>>,
+    catalog: Arc<CatalogStore>,
+    map: ArcSwap<ClusterMap>,
     /// Serializes builds so concurrent first requests build one cluster.
     build: Mutex<()>,
     epoch: Instant,
 }
 
 impl Clusters {
-    pub fn new(mesh_domain: &str) -> Clusters {
+    pub fn new(mesh_domain: &str, catalog: Arc<CatalogStore>) -> Clusters {
         Clusters {
             mesh_domain: mesh_domain.to_string(),
+            catalog,
             map: ArcSwap::from_pointee(HashMap::new()),
             build: Mutex::new(()),
             epoch: Instant::now(),
         }
     }
 
+    fn lookup(map: &ClusterMap, service: &str, port: u16) -> Option<Arc<Cluster>> {
+        map.get(service).and_then(|ports| ports.get(&port)).cloned()
+    }
+
     /// The cluster for `service`/`port` (the caller already checked the port is exposed).
-    pub fn get_or_build(
-        &self,
-        catalog: &Catalog,
-        service: &str,
-        port: u16,
-    ) -> Option<Arc<Cluster>> {
-        if let Some(c) = self.map.load().get(&(service.to_string(), port)) {
-            return Some(c.clone());
+    /// Builds read the catalog under the build lock, so a build racing a reload never leaves a
+    /// cluster made from the old catalog behind.
+    pub fn get_or_build(&self, service: &str, port: u16) -> Option<Arc<Cluster>> {
+        if let Some(c) = Self::lookup(&self.map.load(), service, port) {
+            return Some(c);
         }
         let _guard = self.build.lock().unwrap_or_else(|e| e.into_inner());
         let current = self.map.load_full();
-        if let Some(c) = current.get(&(service.to_string(), port)) {
-            return Some(c.clone());
+        if let Some(c) = Self::lookup(&current, service, port) {
+            return Some(c);
         }
-        let svc = catalog.services.get(service)?;
+        let catalog = self.catalog.load();
+        let svc = catalog.services.get(service).filter(|s| s.exposes(port))?;
         let cluster = Arc::new(self.build_cluster(svc.clone(), port, None));
         tracing::info!(cluster = %cluster.name, endpoints = cluster.endpoints.len(), "cluster materialized");
         let mut next = (*current).clone();
-        next.insert((service.to_string(), port), cluster.clone());
+        next.entry(service.to_string())
+            .or_default()
+            .insert(port, cluster.clone());
         self.map.store(Arc::new(next));
         Some(cluster)
     }
@@ -211,11 +203,11 @@ impl Clusters {
             .iter()
             .filter(|e| e.ports.contains(&port))
             .map(|e| {
-                let prev = old.and_then(|o| o.endpoints.iter().find(|x| x.address == e.address));
-                Arc::new(match prev {
-                    Some(p) => EndpointState::carry_over(e, p),
-                    None => EndpointState::new(e),
-                })
+                let stats = old
+                    .and_then(|o| o.endpoints.iter().find(|x| x.address == e.address))
+                    .map(|p| p.stats.clone())
+                    .unwrap_or_default();
+                Arc::new(EndpointState::new(e, stats))
             })
             .collect();
         Cluster {
@@ -232,40 +224,166 @@ impl Clusters {
         }
     }
 
-    /// Rebuilds every materialized cluster from a new catalog; clusters whose service or port
-    /// is gone are dropped. Endpoints that left are marked `removed`.
-    pub fn rebuild(&self, catalog: &Catalog) {
+    /// Rebuilds every materialized cluster from the current catalog; clusters whose service or
+    /// port is gone are dropped. Endpoint state (outlier history, in-flight counts) carries over.
+    pub fn rebuild(&self) {
         let _guard = self.build.lock().unwrap_or_else(|e| e.into_inner());
+        let catalog = self.catalog.load();
         let current = self.map.load_full();
-        let mut next = HashMap::new();
-        for ((service, port), old) in current.iter() {
-            let rebuilt = catalog
-                .services
-                .get(service)
-                .filter(|s| s.exposes(*port))
-                .map(|s| Arc::new(self.build_cluster(s.clone(), *port, Some(old))));
-            for e in &old.endpoints {
-                let still = rebuilt
-                    .as_ref()
-                    .is_some_and(|c| c.endpoints.iter().any(|n| n.address == e.address));
-                if !still {
-                    e.removed.store(true, Ordering::Relaxed);
+        let mut next: ClusterMap = HashMap::new();
+        for (service, ports) in current.iter() {
+            for (port, old) in ports {
+                let rebuilt = catalog
+                    .services
+                    .get(service)
+                    .filter(|s| s.exposes(*port))
+                    .map(|s| Arc::new(self.build_cluster(s.clone(), *port, Some(old))));
+                if let Some(c) = rebuilt {
+                    next.entry(service.clone()).or_default().insert(*port, c);
                 }
-            }
-            if let Some(c) = rebuilt {
-                next.insert((service.clone(), *port), c);
             }
         }
         self.map.store(Arc::new(next));
     }
 
     pub fn snapshot(&self) -> Vec<Arc<Cluster>> {
-        let mut v: Vec<_> = self.map.load().values().cloned().collect();
+        let mut v: Vec<_> = self
+            .map
+            .load()
+            .values()
+            .flat_map(|p| p.values().cloned())
+            .collect();
         v.sort_by(|a, b| a.name.cmp(&b.name));
         v
     }
 
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({ "clusters": self.snapshot().iter().map(|c| c.to_json()).collect::<Vec<_>>() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::Catalog;
+    use std::path::Path;
+
+    fn store(yaml: &str) -> Arc<CatalogStore> {
+        Arc::new(CatalogStore::new(
+            Catalog::parse(Path::new("c.yaml"), yaml, "aether.local").unwrap(),
+        ))
+    }
+
+    fn endpoints(n: usize, ports: &str) -> String {
+        let mut s = String::from(
+            "services:\n  payments:\n    default_port: 8080\n    identity: spiffe://aether.local/ns/default/sa/payments\n    endpoints:\n",
+        );
+        for i in 0..n {
+            s.push_str(&format!(
+                "      - {{ address: 10.0.0.{}, ports: {ports} }}\n",
+                i + 1
+            ));
+        }
+        s
+    }
+
+    #[test]
+    fn a_port_cluster_holds_only_endpoints_advertising_the_port() {
+        let yaml = "services:\n  payments:\n    default_port: 8080\n    identity: spiffe://aether.local/ns/default/sa/payments\n    endpoints:\n      - { address: 10.0.0.1, ports: [8080] }\n      - { address: 10.0.0.2, ports: [8080, 9091] }\n";
+        let clusters = Clusters::new("aether.internal", store(yaml));
+        let c = clusters.get_or_build("payments", 9091).unwrap();
+        assert_eq!(c.name, "payments.aether.internal:9091");
+        let addrs: Vec<_> = c.endpoints.iter().map(|e| e.address.to_string()).collect();
+        assert_eq!(addrs, ["10.0.0.2:15008"]);
+        assert_eq!(
+            clusters
+                .get_or_build("payments", 8080)
+                .unwrap()
+                .endpoints
+                .len(),
+            2
+        );
+        assert!(clusters.get_or_build("payments", 7777).is_none());
+        assert!(clusters.get_or_build("ghost", 8080).is_none());
+    }
+
+    #[test]
+    fn concurrent_first_requests_build_one_cluster() {
+        let clusters = Arc::new(Clusters::new(
+            "aether.internal",
+            store(&endpoints(3, "[8080]")),
+        ));
+        let built: Vec<Arc<Cluster>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..64)
+                .map(|_| s.spawn(|| clusters.get_or_build("payments", 8080).unwrap()))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(built.iter().all(|c| Arc::ptr_eq(c, &built[0])));
+        assert_eq!(clusters.snapshot().len(), 1);
+    }
+
+    #[test]
+    fn rebuild_follows_the_catalog_and_keeps_live_counters() {
+        let catalog = store(&endpoints(2, "[8080]"));
+        let clusters = Clusters::new("aether.internal", catalog.clone());
+        let old = clusters.get_or_build("payments", 8080).unwrap();
+        let guard = ActiveGuard::new(old.endpoints[0].clone());
+        catalog.store(
+            Catalog::parse(Path::new("c.yaml"), &endpoints(3, "[8080]"), "aether.local").unwrap(),
+        );
+        clusters.rebuild();
+        let new = clusters.get_or_build("payments", 8080).unwrap();
+        assert!(!Arc::ptr_eq(&old, &new));
+        assert_eq!(new.endpoints.len(), 3);
+        // The request that started before the reload still counts, and stops counting after.
+        assert_eq!(new.endpoints[0].active(), 1);
+        drop(guard);
+        assert_eq!(new.endpoints[0].active(), 0);
+        // A service that lost the port loses the cluster.
+        catalog.store(
+            Catalog::parse(Path::new("c.yaml"), &endpoints(1, "[9090]"), "aether.local").unwrap(),
+        );
+        clusters.rebuild();
+        assert!(clusters.snapshot().is_empty());
+    }
+
+    #[test]
+    fn five_consecutive_failures_eject_and_ten_percent_caps_it() {
+        let clusters = Clusters::new("aether.internal", store(&endpoints(20, "[8080]")));
+        let c = clusters.get_or_build("payments", 8080).unwrap();
+        let now = c.now_ms();
+        for _ in 0..4 {
+            c.record(&c.endpoints[0], true);
+        }
+        assert!(!c.endpoints[0].is_ejected(now));
+        // A success resets the streak.
+        c.record(&c.endpoints[0], false);
+        for _ in 0..4 {
+            c.record(&c.endpoints[0], true);
+        }
+        assert!(!c.endpoints[0].is_ejected(now));
+        c.record(&c.endpoints[0], true);
+        assert!(c.endpoints[0].is_ejected(now));
+        // Ejection lasts 30 s times the number of ejections.
+        assert!(!c.endpoints[0].is_ejected(now + 31_000));
+        // 10% of 20 endpoints: two at once, never a third.
+        for i in 1..4 {
+            for _ in 0..5 {
+                c.record(&c.endpoints[i], true);
+            }
+        }
+        let ejected = c.endpoints.iter().filter(|e| e.is_ejected(now)).count();
+        assert_eq!(ejected, 2);
+    }
+
+    #[test]
+    fn a_single_endpoint_cluster_can_still_eject_its_one_endpoint() {
+        let clusters = Clusters::new("aether.internal", store(&endpoints(1, "[8080]")));
+        let c = clusters.get_or_build("payments", 8080).unwrap();
+        for _ in 0..5 {
+            c.record(&c.endpoints[0], true);
+        }
+        assert!(c.endpoints[0].is_ejected(c.now_ms()));
     }
 }

@@ -2,7 +2,6 @@
 //! then least outstanding requests over two random choices.
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::catalog::Labels;
@@ -102,7 +101,7 @@ pub fn pick(
         n => {
             let a = candidates[roll(n)];
             let b = candidates[roll(n)];
-            if b.active.load(Ordering::Relaxed) < a.active.load(Ordering::Relaxed) {
+            if b.active() < a.active() {
                 b
             } else {
                 a
@@ -110,4 +109,134 @@ pub fn pick(
         }
     };
     Ok(chosen.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::{Catalog, CatalogStore};
+    use crate::cluster::{ActiveGuard, Clusters};
+    use std::collections::HashMap;
+    use std::path::Path;
+
+    fn cluster(endpoints: &str) -> Arc<Cluster> {
+        let yaml = format!(
+            "services:\n  s:\n    default_port: 80\n    identity: spiffe://aether.local/ns/default/sa/s\n    endpoints:\n{endpoints}"
+        );
+        let store = Arc::new(CatalogStore::new(
+            Catalog::parse(Path::new("c.yaml"), &yaml, "aether.local").unwrap(),
+        ));
+        Clusters::new("aether.internal", store)
+            .get_or_build("s", 80)
+            .unwrap()
+    }
+
+    fn own() -> Locality {
+        Locality::parse("r1/z1").unwrap()
+    }
+
+    fn counts(c: &Cluster, subset: Option<&Labels>, n: usize) -> HashMap<String, usize> {
+        let mut rng = fastrand::Rng::with_seed(7);
+        let mut m = HashMap::new();
+        for _ in 0..n {
+            let e = pick(c, subset, Some(&own()), &[], |k| rng.usize(..k)).unwrap();
+            *m.entry(e.address.ip().to_string()).or_default() += 1;
+        }
+        m
+    }
+
+    #[test]
+    fn same_zone_first_then_region() {
+        let c = cluster(
+            "      - { address: 10.0.0.1, locality: r1/z1 }\n      - { address: 10.0.0.2, locality: r1/z2 }\n      - { address: 10.0.0.3, locality: r2/z1 }\n",
+        );
+        let m = counts(&c, None, 200);
+        assert_eq!(m.get("10.0.0.1"), Some(&200));
+        assert_eq!(priority(Some(&own()), c.endpoints[1].locality.as_ref()), 1);
+        assert_eq!(priority(Some(&own()), c.endpoints[2].locality.as_ref()), 2);
+    }
+
+    #[test]
+    fn traffic_spills_as_a_priority_loses_health() {
+        // Two of three local endpoints ejected: local health 1/3 * 1.4 = 47%; the rest spills.
+        let c = cluster(
+            "      - { address: 10.0.0.1, locality: r1/z1 }\n      - { address: 10.0.0.2, locality: r1/z1 }\n      - { address: 10.0.0.3, locality: r1/z1 }\n      - { address: 10.0.0.4, locality: r1/z2 }\n",
+        );
+        for e in &c.endpoints[1..3] {
+            for _ in 0..5 {
+                c.record(e, true);
+            }
+        }
+        // The 10% cap allows one ejection among four endpoints.
+        let ejected = c
+            .endpoints
+            .iter()
+            .filter(|e| e.is_ejected(c.now_ms()))
+            .count();
+        assert_eq!(ejected, 1);
+        // One of three local endpoints ejected: health 2/3 * 1.4 = 93% stays local.
+        let m = counts(&c, None, 2000);
+        let local = 2000 - m.get("10.0.0.4").copied().unwrap_or(0);
+        assert!((1780..=1940).contains(&local), "local share {local}");
+    }
+
+    #[test]
+    fn draining_is_never_picked_and_an_all_draining_port_has_no_endpoints() {
+        let c = cluster(
+            "      - { address: 10.0.0.1 }\n      - { address: 10.0.0.2, draining: true }\n",
+        );
+        assert_eq!(counts(&c, None, 100).get("10.0.0.1"), Some(&100));
+        let c = cluster("      - { address: 10.0.0.1, draining: true }\n");
+        assert_eq!(
+            pick(&c, None, None, &[], |_| 0).err(),
+            Some(Reason::NoEndpoints)
+        );
+    }
+
+    #[test]
+    fn subsets_filter_and_an_empty_subset_has_no_endpoints() {
+        let c = cluster(
+            "      - { address: 10.0.0.1, labels: { version: v1 } }\n      - { address: 10.0.0.2, labels: { version: v2 } }\n",
+        );
+        let v2: Labels = [("version".to_string(), "v2".to_string())].into();
+        assert_eq!(counts(&c, Some(&v2), 50).get("10.0.0.2"), Some(&50));
+        let v3: Labels = [("version".to_string(), "v3".to_string())].into();
+        assert_eq!(
+            pick(&c, Some(&v3), None, &[], |_| 0).err(),
+            Some(Reason::NoEndpoints)
+        );
+    }
+
+    #[test]
+    fn all_ejected_is_no_healthy_upstream_and_tried_ones_are_skipped() {
+        let c = cluster("      - { address: 10.0.0.1 }\n      - { address: 10.0.0.2 }\n");
+        let first = c.endpoints[0].address;
+        let e = pick(&c, None, None, &[first], |k| k - 1).unwrap();
+        assert_ne!(e.address, first);
+        let both = [first, c.endpoints[1].address];
+        assert_eq!(
+            pick(&c, None, None, &both, |_| 0).err(),
+            Some(Reason::UpstreamConnectFailure)
+        );
+        let c = cluster("      - { address: 10.0.0.1 }\n");
+        for _ in 0..5 {
+            c.record(&c.endpoints[0], true);
+        }
+        assert_eq!(
+            pick(&c, None, None, &[], |_| 0).err(),
+            Some(Reason::NoHealthyUpstream)
+        );
+    }
+
+    #[test]
+    fn two_choices_prefer_the_less_loaded() {
+        let c = cluster("      - { address: 10.0.0.1 }\n      - { address: 10.0.0.2 }\n");
+        let _busy: Vec<_> = (0..3)
+            .map(|_| ActiveGuard::new(c.endpoints[0].clone()))
+            .collect();
+        // Rolls pick endpoint 0 then endpoint 1: the idle one wins.
+        let mut rolls = [0usize, 0, 1].into_iter();
+        let e = pick(&c, None, None, &[], |_| rolls.next().unwrap()).unwrap();
+        assert_eq!(e.address, c.endpoints[1].address);
+    }
 }

@@ -22,3 +22,4 @@ pub mod pool;
 pub mod readiness;
 pub mod routing;
 pub mod run;
+pub mod watch;

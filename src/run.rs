@@ -18,6 +18,7 @@ use crate::config::Config;
 use crate::drain::{Drain, Phase, Tracker};
 use crate::identity::IdentityStore;
 use crate::inbound::Inbound;
+use crate::metrics::ResultLabels;
 use crate::outbound::Outbound;
 use crate::readiness::ListenerCheck;
 
@@ -138,7 +139,7 @@ async fn serve(cfg: Arc<Config>, catalog: Catalog, set_log_filter: SetLogFilter)
     let drain = Drain::default();
     let tracker = Tracker::default();
     let catalog = Arc::new(CatalogStore::new(catalog));
-    let clusters = Arc::new(Clusters::new(&cfg.mesh_domain));
+    let clusters = Arc::new(Clusters::new(&cfg.mesh_domain, catalog.clone()));
     let admin = Arc::new(Admin {
         drain: drain.clone(),
         bound: Default::default(),
@@ -208,7 +209,9 @@ async fn serve(cfg: Arc<Config>, catalog: Catalog, set_log_filter: SetLogFilter)
         drain.clone(),
         tracker.clone(),
     ));
-    let outbound_task = tokio::spawn(outbound.serve(outbound_listener));
+    let outbound_task = tokio::spawn(outbound.clone().serve(outbound_listener));
+    watch_catalog(&cfg, catalog.clone(), clusters.clone(), outbound.clone());
+    watch_identity(cfg.clone(), identity.clone());
     admin.bound.store(true, Ordering::Release);
     tracing::info!(
         inbound = %cfg.inbound.listen,
@@ -233,6 +236,84 @@ async fn serve(cfg: Arc<Config>, catalog: Catalog, set_log_filter: SetLogFilter)
         tracing::info!("drain complete");
     }
     ExitCode::SUCCESS
+}
+
+/// Reloads the catalog on change. A bad file keeps the last good catalog; each distinct error
+/// is logged once.
+fn watch_catalog(
+    cfg: &Config,
+    catalog: Arc<CatalogStore>,
+    clusters: Arc<Clusters>,
+    outbound: Arc<Outbound>,
+) {
+    let path = cfg.catalog.path.clone();
+    let trust_domain = cfg.trust_domain.clone();
+    let mut last_error: Option<String> = None;
+    crate::watch::spawn("catalog", vec![path.clone()], move || {
+        let m = crate::metrics::get();
+        match Catalog::load(&path, &trust_domain) {
+            Ok(next) => {
+                let services = next.services.len();
+                catalog.store(next);
+                clusters.rebuild();
+                outbound.forget_removed_endpoints();
+                let _ = m
+                    .catalog_reloads
+                    .get_or_create(&ResultLabels { result: "ok" })
+                    .inc();
+                tracing::info!(version = catalog.version(), services, "catalog reloaded");
+                last_error = None;
+            }
+            Err(e) => {
+                let _ = m
+                    .catalog_reloads
+                    .get_or_create(&ResultLabels { result: "error" })
+                    .inc();
+                let msg = e.to_string();
+                if last_error.as_deref() != Some(msg.as_str()) {
+                    tracing::error!("catalog reload failed; keeping the last good catalog: {msg}");
+                    last_error = Some(msg);
+                }
+            }
+        }
+    });
+}
+
+/// Rotates the identity on change of any of its files. A half-written or invalid set keeps
+/// the previous identity; each distinct error is logged once.
+fn watch_identity(cfg: Arc<Config>, identity: Arc<IdentityStore>) {
+    let mut paths = vec![
+        cfg.identity.cert.clone(),
+        cfg.identity.key.clone(),
+        cfg.identity.ca.clone(),
+    ];
+    for s in &cfg.source_identities {
+        paths.push(s.cert.clone());
+        paths.push(s.key.clone());
+    }
+    let mut last_error: Option<String> = None;
+    crate::watch::spawn("identity", paths, move || {
+        let m = crate::metrics::get();
+        match identity.reload(&cfg) {
+            Ok(()) => {
+                let _ = m
+                    .identity_reloads
+                    .get_or_create(&ResultLabels { result: "ok" })
+                    .inc();
+                last_error = None;
+            }
+            Err(e) => {
+                let _ = m
+                    .identity_reloads
+                    .get_or_create(&ResultLabels { result: "error" })
+                    .inc();
+                if last_error.as_deref() != Some(e.as_str()) {
+                    tracing::error!("identity reload failed; keeping the current identity: {e}");
+                    last_error = Some(e);
+                }
+            }
+        }
+    });
 }
 
 /// `/config_dump` and `/clusters`.

@@ -5,17 +5,26 @@
 //! `127.1.<test>.0/24` (suite 1 = inbound, see `common`): apps on `127.1.<test>.1`, the proxy on
 //! `127.1.<test>.2` (inbound :15008, outbound :15001, admin :15000).
 //!
-//! Test numbers (the third octet), one per test, never reused:
-//!  1 sni_selects_the_chain                      11 allow_list_on_tcp_chain_closes_without_echo
-//!  2 unserved_port_sni_is_refused               12 app_not_listening_gives_503_app_unavailable
-//!  3 h2_chain_end_to_end                        13 app_stopped_after_serving_gives_503
-//!  4 auto_chain_follows_alpn                    14 garbage_instead_of_client_hello_is_closed
-//!  5 http1_chain_never_gets_h2                  15 silent_clients_are_cut_off_without_harm
-//!  6 tcp_chain_echoes_and_keeps_half_close      16 headers_over_the_limit_get_431
-//!  7 xfcc_is_exact_and_replaces_client_value    17 exactly_100_headers_pass
-//!  8 request_id_added_when_absent_kept_when_present
-//!  9 clients_without_a_mesh_identity_are_refused
-//! 10 allow_list_on_http_chain_answers_403       18 access_log_one_line_per_request
+//! Test numbers (the third octet), one per test, never reused; the next free one is 20:
+//!   1 sni_selects_the_chain
+//!   2 unserved_port_sni_is_refused
+//!   3 h2_chain_end_to_end
+//!   4 auto_chain_follows_alpn
+//!   5 http1_chain_never_gets_h2
+//!   6 tcp_chain_echoes_and_keeps_half_close
+//!   7 xfcc_is_exact_and_replaces_client_value
+//!   8 request_id_added_when_absent_kept_when_present
+//!   9 clients_without_a_mesh_identity_are_refused
+//!  10 allow_list_on_http_chain_answers_403
+//!  11 allow_list_on_tcp_chain_closes_without_echo
+//!  12 app_not_listening_gives_503_app_unavailable
+//!  13 app_stopped_after_serving_gives_503
+//!  14 garbage_instead_of_client_hello_is_closed
+//!  15 silent_clients_are_cut_off_without_harm
+//!  16 headers_over_the_limit_get_431
+//!  17 exactly_100_headers_pass
+//!  18 access_log_one_line_per_request
+//!  19 far_over_the_header_limit_still_gets_the_proxy_431
 
 mod common;
 
@@ -822,9 +831,10 @@ async fn silent_clients_are_cut_off_without_harm() {
             .status,
         StatusCode::OK
     );
+    // Had the silent clients held up the accept loop, this would be past the hello timeout.
     assert!(
-        start.elapsed() < HELLO_TIMEOUT / 2,
-        "normal requests were slowed down by the silent clients: {:?}",
+        start.elapsed() < HELLO_TIMEOUT - Duration::from_secs(2),
+        "normal requests were held up by the silent clients: {:?}",
         start.elapsed()
     );
 
@@ -843,9 +853,11 @@ async fn silent_clients_are_cut_off_without_harm() {
         );
         assert!(got.is_empty(), "{what}: got {got:?}");
     }
+    // Not cut off at once: a slow but honest client gets the documented time (half of it is
+    // the bound here, so the test does not pin the exact value).
     assert!(
-        start.elapsed() >= HELLO_TIMEOUT - Duration::from_secs(1),
-        "cut off before the hello timeout: {:?}",
+        start.elapsed() >= HELLO_TIMEOUT / 2,
+        "cut off long before the hello timeout: {:?}",
         start.elapsed()
     );
 }
@@ -1010,4 +1022,28 @@ async fn access_log_one_line_per_request() {
         3,
         "{log:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn far_over_the_header_limit_still_gets_the_proxy_431() {
+    // SPEC section 7: every error the proxy itself answers carries x-aether-error and a one-line
+    // body, however far over the limit the request is: the HTTP library's own limits must not
+    // answer instead.
+    let pod = Pod::start(19).await;
+    let client = pod.client("frontend").sni(Some("8080")).alpn(&["http/1.1"]);
+    let mut answers = Vec::new();
+    let mut h1 = pod.h1(&client).await;
+    answers.push((
+        "250 headers",
+        h1.send(with_headers("/many", 250, false)).await,
+    ));
+    let mut h1 = pod.h1(&client).await;
+    let big = req("http://payments.aether.internal/big").header("x-big", "a".repeat(128 * 1024));
+    answers.push(("one 128 KiB header", h1.send(body(big)).await));
+    for (what, r) in answers {
+        let r = r.unwrap_or_else(|e| panic!("{what}: no answer: {e}"));
+        assert_eq!(r.aether_error(), Some("headers-too-large"), "{what}: {r:?}");
+        assert_proxy_error(&r, 431, "headers-too-large");
+    }
+    assert_eq!(pod.app_traffic(), (0, 0, 0, 0));
 }

@@ -138,6 +138,19 @@ impl Outbound {
         tracing::info!("outbound listener closed");
     }
 
+    /// After a catalog reload: pooled connections to endpoints (or ports) that left are
+    /// dropped from the pool; requests in flight on them keep them open until they finish.
+    pub fn forget_removed_endpoints(&self) {
+        let catalog = self.catalog.load();
+        let live: HashSet<(SocketAddr, u16)> = catalog
+            .services
+            .values()
+            .flat_map(|s| s.endpoints.iter())
+            .flat_map(|e| e.ports.iter().map(move |p| (e.address, *p)))
+            .collect();
+        self.pool.retain(|k| live.contains(&(k.endpoint, k.port)));
+    }
+
     async fn connection(self: Arc<Self>, tcp: TcpStream, addr: SocketAddr) {
         let _active = metrics::ActiveConnection::new("outbound");
         let _ = tcp.set_nodelay(true);
@@ -238,7 +251,7 @@ impl Outbound {
             };
             let Some(c) = self
                 .clusters
-                .get_or_build(&catalog, &target.service.name, target.port)
+                .get_or_build(&target.service.name, target.port)
             else {
                 return Outcome::error(Reason::UnknownService);
             };
