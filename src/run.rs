@@ -69,7 +69,11 @@ fn init_logging() -> SetLogFilter {
     let (filter, handle) = reload::Layer::new(filter);
     let _ = tracing_subscriber::registry()
         .with(filter)
-        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())),
+        )
         .try_init();
     Box::new(move |level: &str| {
         let f = EnvFilter::try_new(level).map_err(|e| format!("bad log filter {level:?}: {e}"))?;
