@@ -324,3 +324,96 @@ impl CatalogStore {
         self.version.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn errors(yaml: &str) -> Vec<String> {
+        match Catalog::parse(Path::new("cat.yaml"), yaml, "aether.local") {
+            Ok(_) => vec![],
+            Err(e) => e.0.iter().map(|e| e.to_string()).collect(),
+        }
+    }
+
+    const SVC: &str = "services:\n  payments:\n    default_port: 8080\n    identity: spiffe://aether.local/ns/default/sa/payments\n";
+
+    #[test]
+    fn the_spec_example_parses() {
+        let yaml = format!(
+            "{SVC}    protocols: {{ 5432: tcp }}\n    connect_timeout: 2s\n    request_timeout: 250ms\n    max_requests_per_connection: 1\n\
+             \x20   routes:\n      - match: {{ header: x-canary, value: \"1\" }}\n        subset: {{ version: v2 }}\n\
+             \x20     - split:\n          - {{ subset: {{ version: v1 }}, weight: 90 }}\n          - {{ subset: {{ version: v2 }}, weight: 10 }}\n\
+             \x20   endpoints:\n      - address: 10.0.0.5\n        ports: [8080, 9090]\n        locality: us-east1/us-east1-b\n        labels: {{ version: v2 }}\n        draining: false\n\
+             \x20     - {{ address: \"10.0.0.6:15009\" }}\n"
+        );
+        let c = Catalog::parse(Path::new("cat.yaml"), &yaml, "aether.local").unwrap();
+        let s = &c.services["payments"];
+        assert_eq!(s.port_protocol(5432), PortProtocol::Tcp);
+        assert_eq!(s.port_protocol(8080), PortProtocol::Http);
+        assert_eq!(s.connect_timeout, Duration::from_secs(2));
+        assert_eq!(s.request_timeout, Duration::from_millis(250));
+        assert_eq!(s.endpoints[0].address.to_string(), "10.0.0.5:15008");
+        assert_eq!(s.endpoints[1].address.to_string(), "10.0.0.6:15009");
+        // Omitted ports mean the default port; the union is what exists.
+        assert_eq!(s.endpoints[1].ports, vec![8080]);
+        assert_eq!(
+            s.ports.iter().copied().collect::<Vec<_>>(),
+            vec![8080, 9090]
+        );
+        assert!(Catalog::parse(Path::new("cat.yaml"), "", "aether.local")
+            .unwrap()
+            .services
+            .is_empty());
+    }
+
+    #[test]
+    fn bad_catalogs_name_the_field() {
+        let e = errors(&format!("{SVC}    endpoints: [{{ address: not-an-ip }}]\n"));
+        assert_eq!(e.len(), 1);
+        assert!(
+            e[0].starts_with("cat.yaml: services.payments.endpoints[0].address: "),
+            "{e:?}"
+        );
+        let e = errors(&format!(
+            "{SVC}    endpoints: [{{ address: 10.0.0.1, ports: [8080, 0, 8080] }}]\n"
+        ));
+        assert!(
+            e.iter().any(|e| e
+                == "cat.yaml: services.payments.endpoints[0].ports[1]: port must be in 1..65535"),
+            "{e:?}"
+        );
+        assert!(
+            e.iter()
+                .any(|e| e
+                    == "cat.yaml: services.payments.endpoints[0].ports[2]: duplicate port 8080"),
+            "{e:?}"
+        );
+        let e = errors("services:\n  payments:\n    default_port: 8080\n    identity: spiffe://other/ns/a/sa/b\n");
+        assert!(
+            e[0].starts_with("cat.yaml: services.payments.identity: ")
+                && e[0].contains("outside the trust domain"),
+            "{e:?}"
+        );
+        let e = errors(&format!("{SVC}    colour: blue\n"));
+        assert!(e[0].contains("unknown field `colour`"), "{e:?}");
+        let e = errors(&format!("{SVC}    request_timeout: soon\n"));
+        assert!(
+            e[0].contains("request_timeout") && e[0].contains("not a duration"),
+            "{e:?}"
+        );
+        let e = errors(&format!(
+            "{SVC}    routes: [{{ match: {{ header: x, value: y }} }}]\n"
+        ));
+        assert!(
+            e[0].starts_with("cat.yaml: services.payments.routes[0]: "),
+            "{e:?}"
+        );
+        let e = errors(&format!("{SVC}    protocols: {{ 5432: udp }}\n"));
+        assert!(e[0].contains("unknown variant `udp`"), "{e:?}");
+        let e = errors("services:\n  Pay_ments:\n    default_port: 8080\n    identity: spiffe://aether.local/ns/default/sa/payments\n");
+        assert!(e[0].starts_with("cat.yaml: services.Pay_ments: "), "{e:?}");
+        let e = errors("services: [\n");
+        assert!(e[0].starts_with("cat.yaml: "), "{e:?}");
+    }
+}

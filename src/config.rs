@@ -499,3 +499,162 @@ pub fn check_spiffe_id(id: &str, trust_domain: &str) -> Result<(), String> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ID: &str = "identity: {cert: c.crt, key: c.key, ca: ca.crt}\ncatalog: {path: cat.yaml}\n";
+
+    fn errors(yaml: &str) -> Vec<String> {
+        match Config::parse(Path::new("cfg.yaml"), yaml) {
+            Ok(_) => vec![],
+            Err(e) => e.0.iter().map(|e| e.to_string()).collect(),
+        }
+    }
+
+    fn one_error(yaml: &str) -> String {
+        let e = errors(yaml);
+        assert_eq!(e.len(), 1, "{e:?}");
+        e[0].clone()
+    }
+
+    #[test]
+    fn the_spec_example_parses_with_its_defaults() {
+        let c = Config::parse(Path::new("cfg.yaml"), ID).unwrap();
+        assert_eq!(c.mesh_domain, "aether.internal");
+        assert_eq!(c.trust_domain, "aether.local");
+        assert_eq!(c.inbound.listen.to_string(), "0.0.0.0:15008");
+        assert_eq!(c.outbound.listen.to_string(), "127.0.0.1:15001");
+        assert_eq!(c.admin.listen.to_string(), "127.0.0.1:15000");
+        assert_eq!(c.inbound.default_port, 8080);
+        assert_eq!(c.inbound.ports.len(), 1);
+        assert_eq!(c.inbound.ports[0].protocol, Protocol::Auto);
+        assert_eq!(c.drain.notify, Duration::from_secs(5));
+        assert_eq!(c.drain.timeout, Duration::from_secs(20));
+        let full = format!(
+            "{ID}locality: us-east1/us-east1-b\nsource_identities:\n  - {{source: 127.0.0.5, cert: o.crt, key: o.key}}\n\
+             inbound:\n  default_port: 8080\n  ports:\n    - {{port: 8080, protocol: auto}}\n    - {{port: 9090, protocol: h2}}\n\
+             \x20   - {{port: 5432, protocol: tcp, allow: [spiffe://aether.local/ns/default/sa/frontend]}}\n\
+             readiness: {{required_listeners: [8080, 9090]}}\ndrain: {{notify: 250ms, timeout: 1m}}\n"
+        );
+        let c = Config::parse(Path::new("cfg.yaml"), &full).unwrap();
+        assert_eq!(c.locality.clone().unwrap().zone, "us-east1-b");
+        assert_eq!(c.inbound_port(5432).unwrap().allow.len(), 1);
+        assert_eq!(c.drain.notify, Duration::from_millis(250));
+        assert_eq!(c.drain.timeout, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn errors_name_file_field_and_reason() {
+        let e = one_error(&format!("{ID}inbound: {{bogus: 1}}\n"));
+        assert!(
+            e.starts_with("cfg.yaml: inbound.bogus: unknown field `bogus`"),
+            "{e}"
+        );
+        let e = one_error(&format!("{ID}drain: {{notify: 5x}}\n"));
+        assert!(
+            e.starts_with("cfg.yaml: drain.notify: \"5x\" is not a duration"),
+            "{e}"
+        );
+        let e = one_error(&format!("{ID}drain: {{timeout: 0s}}\n"));
+        assert!(
+            e.contains("drain.timeout") && e.contains("greater than zero"),
+            "{e}"
+        );
+        let e = one_error(&format!("{ID}inbound: {{default_port: 70000}}\n"));
+        assert!(e.starts_with("cfg.yaml: inbound.default_port: "), "{e}");
+        let e = one_error("catalog: {path: x}\n");
+        assert!(e.contains("missing field `identity`"), "{e}");
+        let e = one_error(&format!("{ID}inbound: [1, 2\n"));
+        assert!(e.starts_with("cfg.yaml: "), "{e}");
+    }
+
+    #[test]
+    fn ports_are_checked() {
+        let e = errors(&format!(
+            "{ID}inbound:\n  default_port: 8081\n  ports:\n    - {{port: 8080, protocol: auto}}\n    - {{port: 8080, protocol: h2}}\n    - {{port: 0, protocol: tcp}}\n"
+        ));
+        assert!(
+            e.iter()
+                .any(|e| e == "cfg.yaml: inbound.ports[1].port: duplicate port 8080"),
+            "{e:?}"
+        );
+        assert!(
+            e.iter()
+                .any(|e| e == "cfg.yaml: inbound.ports[2].port: port must be in 1..65535"),
+            "{e:?}"
+        );
+        assert!(
+            e.iter().any(|e| e
+                .starts_with("cfg.yaml: inbound.default_port: default port 8081 is not listed")),
+            "{e:?}"
+        );
+        let e = one_error(&format!(
+            "{ID}inbound:\n  ports: [{{port: 8080, protocol: quic}}]\n"
+        ));
+        assert!(
+            e.starts_with("cfg.yaml: inbound.ports[0].protocol: unknown variant `quic`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn identities_must_be_in_the_trust_domain() {
+        let e = one_error(&format!(
+            "{ID}inbound:\n  ports: [{{port: 8080, protocol: auto, allow: [spiffe://other.td/ns/a/sa/b]}}]\n"
+        ));
+        assert!(
+            e.starts_with("cfg.yaml: inbound.ports[0].allow[0]: ")
+                && e.contains("outside the trust domain"),
+            "{e}"
+        );
+        let e = one_error(&format!(
+            "{ID}inbound:\n  ports: [{{port: 8080, protocol: auto, allow: [frontend]}}]\n"
+        ));
+        assert!(e.contains("is not a SPIFFE id"), "{e}");
+    }
+
+    #[test]
+    fn required_listeners_are_bounded_and_unique() {
+        let e = one_error(&format!(
+            "{ID}readiness: {{required_listeners: [8080, 8080]}}\n"
+        ));
+        assert_eq!(
+            e,
+            "cfg.yaml: readiness.required_listeners[1]: duplicate port 8080"
+        );
+        let e = one_error(&format!("{ID}readiness: {{required_listeners: [0]}}\n"));
+        assert_eq!(
+            e,
+            "cfg.yaml: readiness.required_listeners[0]: port must be in 1..65535"
+        );
+        let e = one_error(&format!("{ID}readiness: {{required_listeners: [65536]}}\n"));
+        assert!(
+            e.starts_with("cfg.yaml: readiness.required_listeners[0]: "),
+            "{e}"
+        );
+        let many: Vec<String> = (1..=17).map(|p| p.to_string()).collect();
+        let e = one_error(&format!(
+            "{ID}readiness: {{required_listeners: [{}]}}\n",
+            many.join(",")
+        ));
+        assert_eq!(
+            e,
+            "cfg.yaml: readiness.required_listeners: at most 16 ports"
+        );
+        assert!(errors(&format!(
+            "{ID}readiness: {{required_listeners: [1, 65535]}}\n"
+        ))
+        .is_empty());
+    }
+
+    #[test]
+    fn locality_shape() {
+        let e = one_error(&format!("{ID}locality: justone\n"));
+        assert!(
+            e.starts_with("cfg.yaml: locality: ") && e.contains("region/zone"),
+            "{e}"
+        );
+    }
+}
