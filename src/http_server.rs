@@ -5,14 +5,18 @@ use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-use crate::headers;
-
 /// Server builders, made once and shared by every connection.
 pub struct Servers {
     pub h1: hyper::server::conn::http1::Builder,
     pub h2: hyper::server::conn::http2::Builder<TokioExecutor>,
     pub auto: hyper_util::server::conn::auto::Builder<TokioExecutor>,
 }
+
+/// hyper's own hard limits, far above ours (100 headers, 60 KiB) so that our check, which
+/// answers with `x-aether-error: headers-too-large`, sees nearly every oversized request.
+/// Past these hyper answers a bare 431 (HTTP/1.1) or refuses the stream (HTTP/2).
+pub const HYPER_MAX_HEADERS: usize = 1024;
+pub const HYPER_MAX_BUF: usize = 1024 * 1024;
 
 /// Slow clients are cut off after this long without a complete header block.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -30,8 +34,8 @@ impl Servers {
         auto.http1()
             .timer(TokioTimer::new())
             .header_read_timeout(HEADER_READ_TIMEOUT)
-            .max_headers(headers::MAX_HEADERS * 2)
-            .max_buf_size(256 * 1024)
+            .max_headers(HYPER_MAX_HEADERS)
+            .max_buf_size(HYPER_MAX_BUF)
             .keep_alive(true);
         auto.http2()
             .timer(TokioTimer::new())
@@ -39,7 +43,7 @@ impl Servers {
             .initial_stream_window_size(16 << 20)
             .initial_connection_window_size(24 << 20)
             .max_frame_size(64 << 10)
-            .max_header_list_size(256 * 1024)
+            .max_header_list_size(HYPER_MAX_BUF as u32)
             .max_pending_accept_reset_streams(Some(200))
             .max_local_error_reset_streams(Some(1024));
         Servers { h1, h2, auto }
@@ -57,8 +61,8 @@ fn configure_h1(b: &mut hyper::server::conn::http1::Builder) {
     // the answer carries `x-aether-error`.
     b.timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT)
-        .max_headers(headers::MAX_HEADERS * 2)
-        .max_buf_size(256 * 1024)
+        .max_headers(HYPER_MAX_HEADERS)
+        .max_buf_size(HYPER_MAX_BUF)
         .keep_alive(true);
 }
 
@@ -68,7 +72,7 @@ fn configure_h2(b: &mut hyper::server::conn::http2::Builder<TokioExecutor>) {
         .initial_stream_window_size(16 << 20)
         .initial_connection_window_size(24 << 20)
         .max_frame_size(64 << 10)
-        .max_header_list_size(256 * 1024)
+        .max_header_list_size(HYPER_MAX_BUF as u32)
         // Rapid reset (CVE-2023-44487): h2 closes connections that reset too many streams.
         .max_pending_accept_reset_streams(Some(200))
         .max_local_error_reset_streams(Some(1024));

@@ -9,6 +9,7 @@ pub mod admin;
 pub mod catalog;
 pub mod cluster;
 pub mod config;
+pub mod demo;
 pub mod drain;
 pub mod errors;
 pub mod headers;

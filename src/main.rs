@@ -39,6 +39,8 @@ enum Cmd {
         #[arg(long = "workload", required = true)]
         workloads: Vec<String>,
     },
+    /// Run a complete local mesh on loopback (two server pods, a client pod, demo apps).
+    Demo,
 }
 
 fn main() -> ExitCode {
@@ -54,5 +56,6 @@ fn main() -> ExitCode {
             trust_domain,
             workloads,
         } => aether_proxy::identity::certgen::main(&out, &trust_domain, &workloads),
+        Cmd::Demo => aether_proxy::demo::main(),
     }
 }

@@ -67,6 +67,8 @@ struct ConnCtx {
 impl Inbound {
     async fn request(&self, mut req: Request<Incoming>, conn: &ConnCtx) -> Response<Body> {
         let start = Instant::now();
+        // Limits apply to what the client sent, before this proxy adds anything.
+        let oversized = headers::too_large(req.headers());
         let request_id = headers::ensure_request_id(req.headers_mut());
         let method = req.method().clone();
         let path = req.uri().path().to_string();
@@ -81,7 +83,7 @@ impl Inbound {
                     .map(str::to_string)
             })
             .unwrap_or_default();
-        let (resp, reason) = match self.forward(req, conn, &authority).await {
+        let (resp, reason) = match self.forward(req, conn, &authority, oversized).await {
             Ok(resp) => (resp.map(Either::Left), None),
             Err(reason) => (reason.response(), Some(reason)),
         };
@@ -130,8 +132,9 @@ impl Inbound {
         mut req: Request<Incoming>,
         conn: &ConnCtx,
         authority: &str,
+        oversized: bool,
     ) -> Result<Response<Incoming>, Reason> {
-        if headers::too_large(req.headers()) {
+        if oversized {
             return Err(Reason::HeadersTooLarge);
         }
         if !conn.chain.allows(&conn.peer.spiffe_id) {

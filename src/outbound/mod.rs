@@ -175,6 +175,8 @@ impl Outbound {
 
     async fn request(self: &Arc<Self>, mut req: Request<Incoming>, src: IpAddr) -> Response<Body> {
         let start = Instant::now();
+        // Limits apply to what the app sent, before this proxy adds or removes anything.
+        let oversized = headers::too_large(req.headers());
         // The app's own XFCC is never trusted.
         req.headers_mut().remove(headers::XFCC);
         let request_id = headers::ensure_request_id(req.headers_mut());
@@ -190,7 +192,11 @@ impl Outbound {
                 .unwrap_or("")
                 .to_string(),
         };
-        let mut out = self.route(req, &authority, src).await;
+        let mut out = if oversized {
+            Outcome::error(Reason::HeadersTooLarge)
+        } else {
+            self.route(req, &authority, src).await
+        };
         if self.drain.phase() >= Phase::Closing {
             out.resp
                 .headers_mut()
@@ -236,9 +242,6 @@ impl Outbound {
         authority: &str,
         src: IpAddr,
     ) -> Outcome {
-        if headers::too_large(req.headers()) {
-            return Outcome::error(Reason::HeadersTooLarge);
-        }
         let auth = match routing::parse_authority(authority, &self.mesh_domain) {
             Ok(a) => a,
             Err(r) => return Outcome::error(r),

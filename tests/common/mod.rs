@@ -19,6 +19,20 @@
 //! So test N of the inbound suite runs its proxy on `127.1.N.2:15008`, its apps on
 //! `127.1.N.1:<port>` and its admin listener on `127.1.N.2:15000`.
 //!
+//! # At a glance
+//!
+//! * [`Net`] / [`PodNet`]: the addresses above; `PodNet::listeners_yaml` writes the three
+//!   listener sections of a proxy config.
+//! * [`Certs`]: a CA plus workload leaves made by `aether-proxy certs`; `Certs::new` again for a
+//!   second CA, `same_ca_other_trust_domain` for a foreign SPIFFE id under the same CA.
+//! * [`Proxy`]: `aether-proxy run` in a temp dir; waits for `/readyz` 200; stdout (the access
+//!   log) and stderr captured to files; killed on drop; signals and exit status for drain tests.
+//! * [`HttpApp`] (HTTP/1.1, h2c or both) and [`TcpEcho`]: apps that record what they saw.
+//! * [`TlsClient`]: BoringSSL client with chosen cert, SNI, ALPN; [`TlsFailure`] keeps the raw
+//!   bytes the server sent (plaintext alerts).
+//! * [`HttpClient`]: HTTP/1.1 or HTTP/2 over any stream; [`http_connect`] for CONNECT tunnels;
+//!   [`http_get`] for admin endpoints; [`read_to_end_within`] for raw streams.
+//!
 //! # Time bounds
 //!
 //! Every network wait in here is bounded ([`IO_TIMEOUT`], [`READY_TIMEOUT`]); nothing can hang CI.
@@ -744,6 +758,9 @@ async fn serve_app_conn(kind: AppKind, port: u16, tcp: TcpStream, seen: Arc<Mute
         AppKind::H2c => b.http2_only(),
         AppKind::Auto => b,
     };
+    // Apps behind the proxy see the client's headers plus the ones the proxy adds
+    // (x-request-id, x-forwarded-client-cert); don't let hyper's default of 100 refuse them.
+    b.http1().max_headers(1024);
     let _ = b.serve_connection(TokioIo::new(tcp), svc).await;
 }
 
@@ -1154,6 +1171,23 @@ pub async fn tcp_connect(addr: SocketAddr) -> Result<TcpStream, String> {
     Ok(tcp)
 }
 
+/// TCP connect from a chosen local address (e.g. a pod's [`PodNet::extra`] host, for
+/// `source_identities`), bounded by [`IO_TIMEOUT`].
+pub async fn tcp_connect_from(local: IpAddr, addr: SocketAddr) -> Result<TcpStream, String> {
+    let sock = match local {
+        IpAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+        IpAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+    }
+    .map_err(|e| format!("socket: {e}"))?;
+    sock.bind(SocketAddr::new(local, 0))
+        .map_err(|e| format!("bind {local}: {e}"))?;
+    let tcp = within(IO_TIMEOUT, &format!("connect {addr}"), sock.connect(addr))
+        .await?
+        .map_err(|e| format!("connect {addr} from {local}: {e}"))?;
+    let _ = tcp.set_nodelay(true);
+    Ok(tcp)
+}
+
 /// How a read-until-end ended.
 #[derive(Debug, PartialEq, Eq)]
 pub enum ReadEnd {
@@ -1312,6 +1346,64 @@ impl HttpClient {
         self.send(Request::get(uri).body(Full::new(Bytes::new())).unwrap())
             .await
     }
+}
+
+/// Why [`http_connect`] got no tunnel.
+#[derive(Debug)]
+pub enum TunnelError {
+    /// The proxy answered, but not with 2xx (e.g. 400 `not-a-tcp-port`).
+    Refused(Reply),
+    /// No answer, or the upgrade failed.
+    Failed(String),
+}
+
+/// An HTTP/1.1 `CONNECT authority` over `io`; on a 2xx answer, the raw tunnel.
+pub async fn http_connect<S>(
+    io: S,
+    authority: &str,
+) -> Result<TokioIo<hyper::upgrade::Upgraded>, TunnelError>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let fail = TunnelError::Failed;
+    let (mut send, conn) = within(
+        IO_TIMEOUT,
+        "h1 handshake",
+        hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(io)),
+    )
+    .await
+    .map_err(fail)?
+    .map_err(|e| fail(format!("h1 handshake: {e}")))?;
+    tokio::spawn(async move {
+        let _ = conn.with_upgrades().await;
+    });
+    let req = Request::connect(authority)
+        .header(http::header::HOST, authority)
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| fail(format!("CONNECT request: {e}")))?;
+    let resp = within(IO_TIMEOUT, "CONNECT", send.send_request(req))
+        .await
+        .map_err(fail)?
+        .map_err(|e| fail(format!("CONNECT: {e}")))?;
+    if !resp.status().is_success() {
+        let (parts, body) = resp.into_parts();
+        let body = within(IO_TIMEOUT, "CONNECT answer body", body.collect())
+            .await
+            .map_err(fail)?
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        return Err(TunnelError::Refused(Reply {
+            status: parts.status,
+            version: parts.version,
+            headers: parts.headers,
+            body,
+        }));
+    }
+    let upgraded = within(IO_TIMEOUT, "CONNECT upgrade", hyper::upgrade::on(resp))
+        .await
+        .map_err(fail)?
+        .map_err(|e| fail(format!("CONNECT upgrade: {e}")))?;
+    Ok(TokioIo::new(upgraded))
 }
 
 fn to_h1_form(mut req: Request<Full<Bytes>>) -> Result<Request<Full<Bytes>>, String> {
