@@ -76,12 +76,18 @@ async fn server_proxy(certs: &Certs, pod: PodNet, stem: &str, ports: &[&str]) ->
 /// The client pod's proxy (identity `frontend`) with `catalog`; `extra` is appended to the
 /// config (e.g. `source_identities`).
 async fn client_proxy(certs: &Certs, pod: PodNet, catalog: &str, extra: &str) -> Proxy {
+    client_proxy_builder(certs, pod, catalog, extra)
+        .start()
+        .await
+}
+
+fn client_proxy_builder(certs: &Certs, pod: PodNet, catalog: &str, extra: &str) -> ProxyBuilder {
     let config = format!(
         "trust_domain: {TD}\n{}{}{extra}",
         certs.identity_yaml("frontend"),
         pod.listeners_yaml(8080, &[])
     );
-    Proxy::start(&config, catalog).await
+    Proxy::builder(&config, catalog)
 }
 
 /// One catalog endpoint line: the pod's proxy address and the ports it advertises.
@@ -647,6 +653,10 @@ async fn absolute_form_uri_wins_and_h2c_prior_knowledge() {
 
 /// 300 requests released at once against a cold proxy, half `svc`, half `svc:8080`, over
 /// 200 HTTP/1.1 connections and 4 h2c connections: one cluster, built once.
+///
+/// To give a racy build a real chance to show, the service also lists 3000 draining
+/// endpoints (kept in the cluster, never picked, never contacted), which makes each build
+/// take a while, and the client proxy runs 4 worker threads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_first_requests_build_one_cluster() {
     const H1: usize = 200;
@@ -658,13 +668,21 @@ async fn concurrent_first_requests_build_one_cluster() {
     let certs = certs();
     let app = HttpApp::auto(p1.app(8080)).await;
     let _s1 = server_proxy(&certs, p1, "payments", &["{ port: 8080, protocol: auto }"]).await;
-    let cat = catalog(&[service(
-        "payments",
-        &certs.spiffe_id(PAYMENTS),
-        "",
-        &[endpoint(p1.proxy_ip(), &[8080])],
-    )]);
-    let client = client_proxy(&certs, client_pod, &cat, "").await;
+    const DRAINING: u16 = 3000;
+    let mut eps = vec![endpoint(p1.proxy_ip(), &[8080])];
+    let parked = net.pod(15).extra(12);
+    for k in 0..DRAINING {
+        eps.push(format!(
+            "      - {{ address: \"{parked}:{}\", ports: [8080], draining: true }}\n",
+            20000 + k
+        ));
+    }
+    let cat = catalog(&[service("payments", &certs.spiffe_id(PAYMENTS), "", &eps)]);
+    let client = client_proxy_builder(&certs, client_pod, &cat, "")
+        .arg("--concurrency")
+        .arg("4")
+        .start()
+        .await;
     let out = client_pod.outbound();
     assert!(clusters(&client).await.is_empty(), "no cluster before use");
 
@@ -730,6 +748,7 @@ async fn concurrent_first_requests_build_one_cluster() {
     assert_eq!(cs.len(), 1, "exactly one cluster: {cs:?}");
     assert_eq!(cs[0].0, SVC);
     assert_eq!(cs[0].2, 8080);
+    assert_eq!(cs[0].3.len(), 1 + DRAINING as usize);
     let log = wait_log(&client, LOG_TIMEOUT, "cluster materialized", |l| {
         l.contains("cluster materialized")
     })
