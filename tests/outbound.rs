@@ -11,14 +11,21 @@
 //!   `127.2.<test>.(16i+1)`:<port>. The catalog lists them by their proxy address.
 //!
 //! Test numbers (the third octet), one per test, never reused:
-//!  1 authority_table_through_the_client_proxy      8 dead_endpoint_is_retried_onto_a_live_one
-//!  2 absolute_form_uri_wins_and_h2c_prior_knowledge 9 load_spreads_over_three_pods
-//!  3 concurrent_first_requests_build_one_cluster  10 xfcc_is_stripped_and_request_id_kept
-//!  4 grpc_unary_and_server_streaming_end_to_end   11 upstream_wire_view_sni_alpn_and_headers
-//!  5 protocol_is_kept_end_to_end                  12 source_identities_pick_the_client_cert
-//!  6 connect_tunnels_to_tcp_ports_only            13 request_timeout_gives_504
-//!  7 pinned_san_mismatch_is_refused              14 pooled_connection_does_not_bypass_the_pin
-//!                                                 15 new_pin_from_a_catalog_reload_applies_to_pooled_connections
+//!  1 authority_table_through_the_client_proxy
+//!  2 absolute_form_uri_wins_and_h2c_prior_knowledge
+//!  3 concurrent_first_requests_build_one_cluster
+//!  4 grpc_unary_and_server_streaming_end_to_end
+//!  5 protocol_is_kept_end_to_end
+//!  6 connect_tunnels_to_tcp_ports_only
+//!  7 pinned_san_mismatch_is_refused
+//!  8 dead_endpoint_is_retried_onto_a_live_one
+//!  9 load_spreads_over_three_pods
+//! 10 xfcc_is_stripped_and_request_id_kept
+//! 11 upstream_wire_view_sni_alpn_and_headers
+//! 12 source_identities_pick_the_client_cert
+//! 13 request_timeout_gives_504
+//! 14 pooled_connection_does_not_bypass_the_pin
+//! 15 new_pin_from_a_catalog_reload_applies_to_pooled_connections
 
 mod common;
 
@@ -686,9 +693,9 @@ async fn concurrent_first_requests_build_one_cluster() {
     let out = client_pod.outbound();
     assert!(clusters(&client).await.is_empty(), "no cluster before use");
 
-    // Connect everything first, then release every request at once.
-    let barrier = Arc::new(tokio::sync::Barrier::new(TOTAL));
-    let mut tasks = JoinSet::new();
+    // Connect everything first and send every HTTP/1.1 request but its last byte; then
+    // release the h2c streams and write the 200 last bytes in one tight loop, so the requests
+    // reach the proxy as close together as a client can make them.
     let authority = |i: usize| {
         if i % 2 == 0 {
             SVC.to_string()
@@ -696,16 +703,15 @@ async fn concurrent_first_requests_build_one_cluster() {
             format!("{SVC}:8080")
         }
     };
+    let mut h1s = Vec::new();
     for i in 0..H1 {
-        let mut c = h1_to(out).await;
-        let b = barrier.clone();
-        let host = authority(i);
-        tasks.spawn(async move {
-            b.wait().await;
-            c.send(empty(get(&format!("/c/{i}")).header("host", host.as_str())))
-                .await
-        });
+        let mut s = tcp_connect(out).await.unwrap();
+        let head = format!("GET /c/{i} HTTP/1.1\r\nHost: {}\r\n\r", authority(i));
+        s.write_all(head.as_bytes()).await.unwrap();
+        h1s.push(s);
     }
+    let barrier = Arc::new(tokio::sync::Barrier::new(H2_CONNS * H2_STREAMS + 1));
+    let mut tasks: JoinSet<Result<(u16, Option<String>), String>> = JoinSet::new();
     for k in 0..H2_CONNS {
         let c = h2_to(out).await;
         let HttpClient::H2(send) = c else {
@@ -718,9 +724,24 @@ async fn concurrent_first_requests_build_one_cluster() {
             let uri = format!("http://{}/c/{i}", authority(i));
             tasks.spawn(async move {
                 b.wait().await;
-                c.get(&uri).await
+                let r = c.get(&uri).await?;
+                Ok((
+                    r.status.as_u16(),
+                    r.header("x-app-port").map(str::to_string),
+                ))
             });
         }
+    }
+    barrier.wait().await;
+    for s in h1s.iter_mut() {
+        s.write_all(b"\n").await.unwrap();
+    }
+    for mut s in h1s {
+        tasks.spawn(async move {
+            let head = read_head(&mut s).await?;
+            let _ = read_body(&mut s, &head).await;
+            Ok((head.status, head.header("x-app-port").map(str::to_string)))
+        });
     }
     let mut ok = 0;
     let mut failures = Vec::new();
@@ -729,9 +750,7 @@ async fn concurrent_first_requests_build_one_cluster() {
         .unwrap()
     {
         match r.unwrap() {
-            Ok(r) if r.status == StatusCode::OK && r.header("x-app-port") == Some("8080") => {
-                ok += 1
-            }
+            Ok((200, Some(port))) if port == "8080" => ok += 1,
             other => failures.push(format!("{other:?}")),
         }
     }
@@ -1136,8 +1155,8 @@ async fn grpc_unary_and_server_streaming_end_to_end() {
         .await
         .unwrap()
         .unwrap();
-    // tonic has consumed grpc-status 0; the call ended OK (no error above).
-    drop(trailers);
+    // The trailers arrived (grpc-status 0, or the stream would have ended in an error above).
+    assert!(trailers.is_some(), "the OK stream's trailers were lost");
 
     // Server streaming ending in a non-OK status: real trailers after data.
     let req = tonic::Request::new(EchoRequest {
@@ -1809,14 +1828,16 @@ mod wire {
     use super::*;
     use boring::ssl::{AlpnError, NameType, SslAcceptor, SslFiletype, SslMethod, SslVerifyMode};
 
+    /// (version, uri, headers) of one request.
+    pub type WireRequest = (String, String, Vec<(String, String)>);
+
     #[derive(Debug, Clone, Default)]
     pub struct WireConn {
         pub sni: Option<String>,
         pub alpn_offered: Vec<String>,
         pub alpn_selected: Option<String>,
         pub peer_ids: Vec<String>,
-        /// (version, uri, headers) of each request on this connection.
-        pub requests: Vec<(String, String, Vec<(String, String)>)>,
+        pub requests: Vec<WireRequest>,
     }
 
     pub struct Observer {
