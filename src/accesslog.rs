@@ -46,6 +46,89 @@ pub fn now_rfc3339() -> String {
         .unwrap_or_default()
 }
 
+/// One request's record, started when its headers arrive and finished when its response body
+/// ends: the access-log line and the request metrics.
+pub struct RequestLog {
+    pub start: std::time::Instant,
+    pub direction: crate::metrics::Direction,
+    pub method: http::Method,
+    pub authority: String,
+    pub path: String,
+    pub request_id: http::HeaderValue,
+    pub peer_identity: Option<String>,
+    /// Request body bytes, counted as they go upstream.
+    pub received: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// What the routing decided, known once the response headers are ready.
+pub struct Decided {
+    pub status: u16,
+    pub reason: Option<crate::errors::Reason>,
+    pub upstream: Option<String>,
+    /// Metric labels (catalog names only).
+    pub service: String,
+    pub port: u16,
+}
+
+impl RequestLog {
+    pub fn new(
+        direction: crate::metrics::Direction,
+        req: &http::Request<hyper::body::Incoming>,
+        authority: String,
+        request_id: http::HeaderValue,
+        peer_identity: Option<String>,
+    ) -> RequestLog {
+        RequestLog {
+            start: std::time::Instant::now(),
+            direction,
+            method: req.method().clone(),
+            authority,
+            path: req.uri().path().to_string(),
+            request_id,
+            peer_identity,
+            received: Default::default(),
+        }
+    }
+
+    /// Records the request; `sent` is the response body bytes.
+    pub fn finish(self, d: &Decided, sent: u64) {
+        use std::sync::atomic::Ordering;
+        let elapsed = self.start.elapsed();
+        let m = crate::metrics::get();
+        m.requests
+            .get_or_create(&crate::metrics::RequestLabels {
+                direction: self.direction,
+                service: d.service.clone(),
+                port: d.port,
+                code: d.status,
+            })
+            .inc();
+        m.duration
+            .get_or_create(&crate::metrics::DirectionLabels {
+                direction: self.direction,
+            })
+            .observe(elapsed.as_secs_f64());
+        log(&Entry {
+            time: now_rfc3339(),
+            direction: match self.direction {
+                crate::metrics::Direction::inbound => "inbound",
+                crate::metrics::Direction::outbound => "outbound",
+            },
+            method: self.method.as_str(),
+            authority: &self.authority,
+            path: &self.path,
+            status: d.status,
+            error: d.reason.map(crate::errors::Reason::as_str),
+            upstream: d.upstream.clone(),
+            duration_ms: elapsed.as_secs_f64() * 1000.0,
+            bytes_received: self.received.load(Ordering::Relaxed),
+            bytes_sent: sent,
+            peer_identity: self.peer_identity.as_deref(),
+            request_id: self.request_id.to_str().ok(),
+        });
+    }
+}
+
 pub fn log(entry: &Entry<'_>) {
     let mut buf = buffer().lock().unwrap_or_else(|e| e.into_inner());
     if serde_json::to_writer(&mut *buf, entry).is_ok() {

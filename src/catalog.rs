@@ -98,8 +98,9 @@ struct RawService {
 pub struct Service {
     pub name: String,
     pub default_port: u16,
-    /// The SPIFFE id pinned on every upstream connection to this service.
-    pub identity: String,
+    /// The SPIFFE id pinned on every upstream connection to this service (shared, as it is
+    /// part of every pool key).
+    pub identity: Arc<str>,
     pub protocols: BTreeMap<u16, PortProtocol>,
     pub connect_timeout: Duration,
     pub request_timeout: Duration,
@@ -264,7 +265,7 @@ impl Catalog {
                 Arc::new(Service {
                     name,
                     default_port: raw.default_port,
-                    identity: raw.identity,
+                    identity: raw.identity.into(),
                     protocols: raw.protocols,
                     connect_timeout: raw.connect_timeout.unwrap_or(Duration::from_secs(5)),
                     request_timeout: raw.request_timeout.unwrap_or(Duration::from_secs(15)),

@@ -6,6 +6,7 @@
 
 pub mod accesslog;
 pub mod admin;
+pub mod body;
 pub mod catalog;
 pub mod cluster;
 pub mod config;

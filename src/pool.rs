@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use hyper::body::Incoming;
+use crate::body::ReqBody;
 use hyper::client::conn::{http1, http2};
 use hyper::rt::{Read, Write};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -18,8 +18,8 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 /// Idle upstream connections close after this long (SPEC section 8).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
-pub type H1 = http1::SendRequest<Incoming>;
-pub type H2 = http2::SendRequest<Incoming>;
+pub type H1 = http1::SendRequest<ReqBody>;
+pub type H2 = http2::SendRequest<ReqBody>;
 
 /// A ready-to-use upstream connection.
 pub enum Conn {

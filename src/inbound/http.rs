@@ -4,7 +4,6 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Instant;
 
 use http::{HeaderValue, Request, Response, Version};
 use http_body_util::Either;
@@ -15,14 +14,15 @@ use tokio::net::TcpStream;
 
 use super::chain::Chain;
 use super::{Inbound, Peer, TlsStream};
-use crate::accesslog;
+use crate::accesslog::{Decided, RequestLog};
+use crate::body::{self, Metered, ReqBody, RespBody};
 use crate::config::Protocol;
 use crate::drain::Phase;
-use crate::errors::{Body, Reason};
+use crate::errors::Reason;
 use crate::headers;
 use crate::http_server::serve_until_drained;
 use crate::identity::tls::ALPN_H2;
-use crate::metrics::{self, Direction};
+use crate::metrics::Direction;
 use crate::pool::{self, Conn};
 
 pub async fn serve(inbound: Arc<Inbound>, chain: Chain, peer: Peer, own_id: &str, tls: TlsStream) {
@@ -65,71 +65,51 @@ struct ConnCtx {
 }
 
 impl Inbound {
-    async fn request(&self, mut req: Request<Incoming>, conn: &ConnCtx) -> Response<Body> {
-        let start = Instant::now();
+    async fn request(&self, mut req: Request<Incoming>, conn: &ConnCtx) -> Response<RespBody> {
         // Limits apply to what the client sent, before this proxy adds anything.
         let oversized = headers::too_large(req.headers());
         let request_id = headers::ensure_request_id(req.headers_mut());
-        let method = req.method().clone();
-        let path = req.uri().path().to_string();
         let authority = req
             .uri()
             .authority()
-            .map(|a| a.to_string())
+            .map(|a| a.as_str())
             .or_else(|| {
                 req.headers()
                     .get(http::header::HOST)
                     .and_then(|h| h.to_str().ok())
-                    .map(str::to_string)
             })
-            .unwrap_or_default();
-        let (resp, reason) = match self.forward(req, conn, &authority, oversized).await {
+            .unwrap_or_default()
+            .to_string();
+        let log = RequestLog::new(
+            Direction::inbound,
+            &req,
+            authority,
+            request_id,
+            Some(conn.peer.spiffe_id.clone()),
+        );
+        let req = req.map(|b| Metered::new(b, log.received.clone()));
+        let (mut resp, reason) = match self.forward(req, conn, &log.authority, oversized).await {
             Ok(resp) => (resp.map(Either::Left), None),
             Err(reason) => (reason.response(), Some(reason)),
         };
-        let mut resp = resp;
         if self.drain.phase() >= Phase::Closing {
             // HTTP/1.1 peers learn to reconnect elsewhere; hyper drops it on h2.
             resp.headers_mut()
                 .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
         }
-        let status = resp.status().as_u16();
-        let m = metrics::get();
-        m.requests
-            .get_or_create(&metrics::RequestLabels {
-                direction: Direction::inbound,
-                service: self.service_label.clone(),
-                port: conn.chain.port,
-                code: status,
-            })
-            .inc();
-        let elapsed = start.elapsed();
-        m.duration
-            .get_or_create(&metrics::DirectionLabels {
-                direction: Direction::inbound,
-            })
-            .observe(elapsed.as_secs_f64());
-        accesslog::log(&accesslog::Entry {
-            time: accesslog::now_rfc3339(),
-            direction: "inbound",
-            method: method.as_str(),
-            authority: &authority,
-            path: &path,
-            status,
-            error: reason.map(Reason::as_str),
+        let decided = Decided {
+            status: resp.status().as_u16(),
+            reason,
             upstream: Some(format!("{}:{}", self.app_host, conn.chain.port)),
-            duration_ms: elapsed.as_secs_f64() * 1000.0,
-            bytes_received: 0,
-            bytes_sent: content_length(resp.headers()),
-            peer_identity: Some(&conn.peer.spiffe_id),
-            request_id: request_id.to_str().ok(),
-        });
-        resp
+            service: self.service_label.clone(),
+            port: conn.chain.port,
+        };
+        body::finish_with(resp, log, decided, ())
     }
 
     async fn forward(
         &self,
-        mut req: Request<Incoming>,
+        mut req: Request<ReqBody>,
         conn: &ConnCtx,
         authority: &str,
         oversized: bool,
@@ -209,11 +189,4 @@ impl Inbound {
             Ok(Conn::H1(s, 0))
         }
     }
-}
-
-pub fn content_length(h: &http::HeaderMap) -> u64 {
-    h.get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }

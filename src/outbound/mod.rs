@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::{HeaderValue, Method, Request, Response, StatusCode, Version};
 use http_body_util::{Either, Full};
@@ -17,7 +17,8 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::accesslog;
+use crate::accesslog::{Decided, RequestLog};
+use crate::body::{self, Metered, ReqBody, RespBody};
 use crate::catalog::{CatalogStore, Labels, PortProtocol};
 use crate::cluster::{ActiveGuard, Cluster, Clusters};
 use crate::config::{Config, Locality};
@@ -47,6 +48,9 @@ pub struct PoolKey {
     pub h2_first: bool,
     /// The app's source address when it has its own client identity.
     pub source: Option<IpAddr>,
+    /// The identity the peer was verified against: a connection pinned for one service never
+    /// carries another service's requests, even to the same endpoint and port.
+    pub identity: Arc<str>,
 }
 
 pub struct Outbound {
@@ -69,6 +73,8 @@ struct Outcome {
     upstream: Option<SocketAddr>,
     service: Option<String>,
     port: u16,
+    /// The endpoint's in-flight count, held until the response body ends.
+    active: Option<ActiveGuard>,
 }
 
 impl Outcome {
@@ -79,13 +85,14 @@ impl Outcome {
             upstream: None,
             service: None,
             port: 0,
+            active: None,
         }
     }
 }
 
 enum SendError {
     /// The connection was gone before the request went out: safe to retry.
-    NotSent(Box<Request<Incoming>>),
+    NotSent(Box<Request<ReqBody>>),
     Failed(hyper::Error),
 }
 
@@ -138,17 +145,22 @@ impl Outbound {
         tracing::info!("outbound listener closed");
     }
 
-    /// After a catalog reload: pooled connections to endpoints (or ports) that left are
-    /// dropped from the pool; requests in flight on them keep them open until they finish.
+    /// After a catalog reload: pooled connections to endpoints (or ports) that left, or whose
+    /// pinned identity changed, are dropped from the pool; requests in flight on them keep
+    /// them open until they finish.
     pub fn forget_removed_endpoints(&self) {
         let catalog = self.catalog.load();
-        let live: HashSet<(SocketAddr, u16)> = catalog
+        let live: HashSet<(SocketAddr, u16, &str)> = catalog
             .services
             .values()
-            .flat_map(|s| s.endpoints.iter())
-            .flat_map(|e| e.ports.iter().map(move |p| (e.address, *p)))
+            .flat_map(|s| {
+                s.endpoints
+                    .iter()
+                    .flat_map(move |e| e.ports.iter().map(move |p| (e.address, *p, &*s.identity)))
+            })
             .collect();
-        self.pool.retain(|k| live.contains(&(k.endpoint, k.port)));
+        self.pool
+            .retain(|k| live.contains(&(k.endpoint, k.port, &*k.identity)));
     }
 
     async fn connection(self: Arc<Self>, tcp: TcpStream, addr: SocketAddr) {
@@ -173,72 +185,51 @@ impl Outbound {
         }
     }
 
-    async fn request(self: &Arc<Self>, mut req: Request<Incoming>, src: IpAddr) -> Response<Body> {
-        let start = Instant::now();
+    async fn request(
+        self: &Arc<Self>,
+        mut req: Request<Incoming>,
+        src: IpAddr,
+    ) -> Response<RespBody> {
         // Limits apply to what the app sent, before this proxy adds or removes anything.
         let oversized = headers::too_large(req.headers());
         // The app's own XFCC is never trusted.
         req.headers_mut().remove(headers::XFCC);
         let request_id = headers::ensure_request_id(req.headers_mut());
-        let method = req.method().clone();
-        let path = req.uri().path().to_string();
         // A URI authority (absolute-form, h2 `:authority`, CONNECT) wins over Host.
         let authority = match req.uri().authority() {
-            Some(a) => a.as_str().to_string(),
+            Some(a) => a.as_str(),
             None => req
                 .headers()
                 .get(http::header::HOST)
                 .and_then(|v| v.to_str().ok())
-                .unwrap_or("")
-                .to_string(),
-        };
+                .unwrap_or(""),
+        }
+        .to_string();
+        let log = RequestLog::new(Direction::outbound, &req, authority, request_id, None);
+        let req = req.map(|b| Metered::new(b, log.received.clone()));
         let mut out = if oversized {
             Outcome::error(Reason::HeadersTooLarge)
         } else {
-            self.route(req, &authority, src).await
+            self.route(req, &log.authority, src).await
         };
         if self.drain.phase() >= Phase::Closing {
             out.resp
                 .headers_mut()
                 .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
         }
-        let status = out.resp.status().as_u16();
-        let elapsed = start.elapsed();
-        let m = metrics::get();
-        m.requests
-            .get_or_create(&metrics::RequestLabels {
-                direction: Direction::outbound,
-                service: out.service.clone().unwrap_or_default(),
-                port: out.port,
-                code: status,
-            })
-            .inc();
-        m.duration
-            .get_or_create(&metrics::DirectionLabels {
-                direction: Direction::outbound,
-            })
-            .observe(elapsed.as_secs_f64());
-        accesslog::log(&accesslog::Entry {
-            time: accesslog::now_rfc3339(),
-            direction: "outbound",
-            method: method.as_str(),
-            authority: &authority,
-            path: &path,
-            status,
-            error: out.reason.map(Reason::as_str),
+        let decided = Decided {
+            status: out.resp.status().as_u16(),
+            reason: out.reason,
             upstream: out.upstream.map(|a| a.to_string()),
-            duration_ms: elapsed.as_secs_f64() * 1000.0,
-            bytes_received: 0,
-            bytes_sent: crate::inbound::http::content_length(out.resp.headers()),
-            peer_identity: None,
-            request_id: request_id.to_str().ok(),
-        });
-        out.resp
+            service: out.service.unwrap_or_default(),
+            port: out.port,
+        };
+        body::finish_with(out.resp, log, decided, out.active)
     }
 
     async fn route(
         self: &Arc<Self>,
-        req: Request<Incoming>,
+        req: Request<ReqBody>,
         authority: &str,
         src: IpAddr,
     ) -> Outcome {
@@ -278,7 +269,7 @@ impl Outbound {
 
     async fn forward(
         self: &Arc<Self>,
-        mut req: Request<Incoming>,
+        mut req: Request<ReqBody>,
         cluster: &Arc<Cluster>,
         authority: &str,
         src: IpAddr,
@@ -290,15 +281,16 @@ impl Outbound {
         let timeout = cluster.service.request_timeout;
         let attempt = self.attempts(req, cluster, subset.as_ref(), authority, h2_first, src);
         match tokio::time::timeout(timeout, attempt).await {
-            Ok(Ok((resp, ep))) => {
+            Ok(Ok((resp, active))) => {
                 let mut resp = resp.map(Either::Left);
                 headers::strip_hop_by_hop(resp.headers_mut());
                 Outcome {
                     resp,
                     reason: None,
-                    upstream: Some(ep),
+                    upstream: Some(active.0.address),
                     service: None,
                     port: 0,
+                    active: Some(active),
                 }
             }
             Ok(Err(r)) => Outcome::error(r),
@@ -308,13 +300,13 @@ impl Outbound {
 
     async fn attempts(
         &self,
-        req: Request<Incoming>,
+        req: Request<ReqBody>,
         cluster: &Cluster,
         subset: Option<&Labels>,
         authority: &str,
         h2_first: bool,
         src: IpAddr,
-    ) -> Result<(Response<Incoming>, SocketAddr), Reason> {
+    ) -> Result<(Response<Incoming>, ActiveGuard), Reason> {
         let svc = &cluster.service;
         let max_uses = svc.max_requests_per_connection;
         let mut tried: Vec<SocketAddr> = Vec::new();
@@ -329,12 +321,13 @@ impl Outbound {
                 Err(r) if tried.is_empty() => return Err(r),
                 Err(_) => return Err(last),
             };
-            let _active = ActiveGuard::new(ep.clone());
+            let active = ActiveGuard::new(ep.clone());
             let key = PoolKey {
                 endpoint: ep.address,
                 port: cluster.port,
                 h2_first,
                 source: self.source_key(src),
+                identity: cluster.service.identity.clone(),
             };
             let conn = match self.pool.get(&key, max_uses) {
                 Some(c) => c,
@@ -358,7 +351,7 @@ impl Outbound {
             match self.send(&key, conn, r, max_uses).await {
                 Ok(resp) => {
                     cluster.record(&ep, resp.status().is_server_error());
-                    return Ok((resp, ep.address));
+                    return Ok((resp, active));
                 }
                 Err(SendError::NotSent(r)) => req = Some(*r),
                 Err(SendError::Failed(e)) => {
@@ -375,11 +368,11 @@ impl Outbound {
         &self,
         key: &PoolKey,
         conn: Conn,
-        req: Request<Incoming>,
+        req: Request<ReqBody>,
         max_uses: u32,
     ) -> Result<Response<Incoming>, SendError> {
         let unsent =
-            |mut e: hyper::client::conn::TrySendError<Request<Incoming>>| match e.take_message() {
+            |mut e: hyper::client::conn::TrySendError<Request<ReqBody>>| match e.take_message() {
                 Some(r) => SendError::NotSent(Box::new(r)),
                 None => SendError::Failed(e.into_error()),
             };
@@ -436,7 +429,7 @@ impl Outbound {
     /// `CONNECT host:port` to a tcp port: a raw tunnel over mTLS (no ALPN) to the endpoint.
     async fn tunnel(
         self: &Arc<Self>,
-        mut req: Request<Incoming>,
+        mut req: Request<ReqBody>,
         cluster: &Arc<Cluster>,
         src: IpAddr,
     ) -> Outcome {
@@ -504,6 +497,7 @@ impl Outbound {
             upstream: Some(ep.address),
             service: None,
             port: 0,
+            active: None,
         }
     }
 }

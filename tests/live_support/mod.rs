@@ -378,7 +378,13 @@ pub async fn metric(p: &Proxy, name: &str, labels: &[&str]) -> f64 {
 }
 
 /// Polls a metric until it reaches `at_least`; returns its value.
-pub async fn wait_metric(p: &Proxy, name: &str, labels: &[&str], at_least: f64, limit: Duration) -> f64 {
+pub async fn wait_metric(
+    p: &Proxy,
+    name: &str,
+    labels: &[&str],
+    at_least: f64,
+    limit: Duration,
+) -> f64 {
     let deadline = Instant::now() + limit;
     loop {
         let v = metric(p, name, labels).await;
