@@ -21,14 +21,38 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 pub type H1 = http1::SendRequest<ReqBody>;
 pub type H2 = http2::SendRequest<ReqBody>;
 
+/// Streams one pooled HTTP/2 connection carries before another is opened. The peer's own
+/// SETTINGS limit is hidden by hyper; 100 is the floor RFC 9113 asks every peer to allow, so
+/// requests never queue behind a smaller peer limit.
+pub const H2_STREAMS_PER_CONN: u32 = 100;
+
+/// Use counts of one pooled HTTP/2 connection.
+#[derive(Default)]
+pub struct H2Stats {
+    /// Requests sent on it so far (for `max_requests_per_connection`).
+    uses: AtomicU32,
+    /// Streams open now.
+    open: AtomicU32,
+}
+
+/// Holds one stream of a pooled HTTP/2 connection open until the response ends.
+pub struct StreamGuard(Arc<H2Stats>);
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// A ready-to-use upstream connection.
 pub enum Conn {
     H1(H1, u32),
-    H2(H2, Arc<AtomicU32>),
+    H2(H2, StreamGuard),
 }
 
+#[derive(Default)]
 struct Slot {
-    h2: Option<(H2, Arc<AtomicU32>)>,
+    h2: Vec<(H2, Arc<H2Stats>)>,
     h1: Vec<(H1, Instant, u32)>,
 }
 
@@ -53,18 +77,21 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
     pub fn get(&self, key: &K, max_uses: u32) -> Option<Conn> {
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         let slot = map.get_mut(key)?;
-        if let Some((h2, uses)) = &slot.h2 {
-            if h2.is_closed() {
-                slot.h2 = None;
-            } else {
-                let n = uses.fetch_add(1, Ordering::Relaxed) + 1;
-                let conn = Conn::H2(h2.clone(), uses.clone());
-                if max_uses != 0 && n >= max_uses {
-                    // Its streams finish; new requests get a new connection.
-                    slot.h2 = None;
-                }
-                return Some(conn);
+        slot.h2.retain(|(h2, _)| !h2.is_closed());
+        let free = slot
+            .h2
+            .iter()
+            .position(|(_, st)| st.open.load(Ordering::Relaxed) < H2_STREAMS_PER_CONN);
+        if let Some(i) = free {
+            let (h2, st) = &slot.h2[i];
+            st.open.fetch_add(1, Ordering::Relaxed);
+            let n = st.uses.fetch_add(1, Ordering::Relaxed) + 1;
+            let conn = Conn::H2(h2.clone(), StreamGuard(st.clone()));
+            if max_uses != 0 && n >= max_uses {
+                // Its streams finish; new requests get a new connection.
+                slot.h2.swap_remove(i);
             }
+            return Some(conn);
         }
         let now = Instant::now();
         while let Some((h1, since, uses)) = slot.h1.pop() {
@@ -75,19 +102,18 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
         None
     }
 
-    /// Shares a new HTTP/2 connection for later requests (its first use is the caller's).
-    pub fn put_h2(&self, key: K, h2: H2, max_uses: u32) -> Arc<AtomicU32> {
-        let uses = Arc::new(AtomicU32::new(1));
-        if max_uses == 1 {
-            return uses;
-        }
-        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
-        let slot = map.entry(key).or_insert_with(|| Slot {
-            h2: None,
-            h1: Vec::new(),
+    /// Shares a new HTTP/2 connection for later requests; the caller's request is its first
+    /// stream (the returned guard).
+    pub fn put_h2(&self, key: K, h2: H2, max_uses: u32) -> StreamGuard {
+        let st = Arc::new(H2Stats {
+            uses: AtomicU32::new(1),
+            open: AtomicU32::new(1),
         });
-        slot.h2 = Some((h2, uses.clone()));
-        uses
+        if max_uses != 1 {
+            let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+            map.entry(key).or_default().h2.push((h2, st.clone()));
+        }
+        StreamGuard(st)
     }
 
     /// Returns an HTTP/1.1 connection to the pool once its current exchange is complete.
@@ -102,10 +128,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
             }
             let Some(pool) = pool.upgrade() else { return };
             let mut map = pool.map.lock().unwrap_or_else(|e| e.into_inner());
-            let slot = map.entry(key).or_insert_with(|| Slot {
-                h2: None,
-                h1: Vec::new(),
-            });
+            let slot = map.entry(key).or_default();
             slot.h1.push((h1, Instant::now(), uses));
         });
     }
@@ -122,10 +145,8 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
             slot.h1.retain(|(h1, since, _)| {
                 !h1.is_closed() && now.duration_since(*since) < IDLE_TIMEOUT
             });
-            if slot.h2.as_ref().is_some_and(|(h2, _)| h2.is_closed()) {
-                slot.h2 = None;
-            }
-            slot.h2.is_some() || !slot.h1.is_empty()
+            slot.h2.retain(|(h2, _)| !h2.is_closed());
+            !slot.h2.is_empty() || !slot.h1.is_empty()
         });
     }
 
@@ -142,6 +163,46 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
                 }
             }
         });
+    }
+}
+
+pub enum SendError {
+    /// The connection was gone before the request went out: safe to retry elsewhere.
+    NotSent(Box<http::Request<ReqBody>>),
+    Failed(hyper::Error),
+}
+
+impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
+    /// Sends `req` on `conn`. An HTTP/1.1 connection goes back to the pool once the exchange
+    /// is over; for HTTP/2 the returned guard holds the stream's place until the caller drops
+    /// it at the end of the response.
+    pub async fn send(
+        self: &Arc<Self>,
+        key: &K,
+        conn: Conn,
+        req: http::Request<ReqBody>,
+        max_uses: u32,
+    ) -> Result<(http::Response<hyper::body::Incoming>, Option<StreamGuard>), SendError> {
+        let unsent = |mut e: hyper::client::conn::TrySendError<http::Request<ReqBody>>| match e
+            .take_message()
+        {
+            Some(r) => SendError::NotSent(Box::new(r)),
+            None => SendError::Failed(e.into_error()),
+        };
+        match conn {
+            Conn::H1(mut s, uses) => {
+                let resp = s.try_send_request(req).await.map_err(unsent)?;
+                self.put_h1_when_ready(key.clone(), s, uses + 1, max_uses);
+                Ok((resp, None))
+            }
+            Conn::H2(mut s, guard) => {
+                if s.ready().await.is_err() {
+                    return Err(SendError::NotSent(Box::new(req)));
+                }
+                let resp = s.try_send_request(req).await.map_err(unsent)?;
+                Ok((resp, Some(guard)))
+            }
+        }
     }
 }
 
@@ -179,4 +240,67 @@ where
         }
     });
     Ok(send)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hyper_util::rt::TokioIo;
+
+    /// An h2c server that accepts connections and never answers (streams are never used here).
+    async fn h2_sender() -> H2 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(|_req| async {
+                        Ok::<_, std::convert::Infallible>(http::Response::new(
+                            http_body_util::Empty::<bytes::Bytes>::new(),
+                        ))
+                    });
+                    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(tcp), svc)
+                        .await;
+                });
+            }
+        });
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        handshake_h2(TokioIo::new(tcp)).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn an_h2_connection_is_shared_until_its_streams_run_out() {
+        let pool: Arc<Pool<u8>> = Pool::new();
+        let first = pool.put_h2(1, h2_sender().await, 0);
+        let mut held = vec![first];
+        for _ in 1..H2_STREAMS_PER_CONN {
+            match pool.get(&1, 0) {
+                Some(Conn::H2(_, g)) => held.push(g),
+                _ => panic!("the pooled connection still has streams to give"),
+            }
+        }
+        assert!(
+            pool.get(&1, 0).is_none(),
+            "a full connection must not take more streams"
+        );
+        // A second connection joins the key; new streams go there.
+        held.push(pool.put_h2(1, h2_sender().await, 0));
+        assert!(matches!(pool.get(&1, 0), Some(Conn::H2(..))));
+        // When a stream of the first one ends, it has room again.
+        held.truncate(10);
+        assert!(matches!(pool.get(&1, 0), Some(Conn::H2(..))));
+    }
+
+    #[tokio::test]
+    async fn max_requests_per_connection_retires_a_connection() {
+        let pool: Arc<Pool<u8>> = Pool::new();
+        // One request per connection: never pooled at all.
+        let _g = pool.put_h2(1, h2_sender().await, 1);
+        assert!(pool.get(&1, 1).is_none());
+        // Two per connection: the first reuse is the last.
+        let _g = pool.put_h2(2, h2_sender().await, 2);
+        assert!(pool.get(&2, 2).is_some());
+        assert!(pool.get(&2, 2).is_none());
+    }
 }

@@ -23,7 +23,7 @@ use crate::headers;
 use crate::http_server::serve_until_drained;
 use crate::identity::tls::ALPN_H2;
 use crate::metrics::Direction;
-use crate::pool::{self, Conn};
+use crate::pool::{self, Conn, SendError, StreamGuard};
 
 pub async fn serve(inbound: Arc<Inbound>, chain: Chain, peer: Peer, own_id: &str, tls: TlsStream) {
     let h2_alpn = tls.ssl().selected_alpn_protocol() == Some(ALPN_H2);
@@ -88,10 +88,11 @@ impl Inbound {
             Some(conn.peer.spiffe_id.clone()),
         );
         let req = req.map(|b| Metered::new(b, log.received.clone()));
-        let (mut resp, reason) = match self.forward(req, conn, &log.authority, oversized).await {
-            Ok(resp) => (resp.map(Either::Left), None),
-            Err(reason) => (reason.response(), Some(reason)),
-        };
+        let (mut resp, reason, stream) =
+            match self.forward(req, conn, &log.authority, oversized).await {
+                Ok((resp, stream)) => (resp.map(Either::Left), None, stream),
+                Err(reason) => (reason.response(), Some(reason), None),
+            };
         if self.drain.phase() >= Phase::Closing {
             // HTTP/1.1 peers learn to reconnect elsewhere; hyper drops it on h2.
             resp.headers_mut()
@@ -104,7 +105,7 @@ impl Inbound {
             service: self.service_label.clone(),
             port: conn.chain.port,
         };
-        body::finish_with(resp, log, decided, ())
+        body::finish_with(resp, log, decided, stream)
     }
 
     async fn forward(
@@ -113,7 +114,7 @@ impl Inbound {
         conn: &ConnCtx,
         authority: &str,
         oversized: bool,
-    ) -> Result<Response<Incoming>, Reason> {
+    ) -> Result<(Response<Incoming>, Option<StreamGuard>), Reason> {
         if oversized {
             return Err(Reason::HeadersTooLarge);
         }
@@ -143,27 +144,16 @@ impl Inbound {
             Some(c) => c,
             None => self.connect_app(port, to_h2).await?,
         };
-        let resp = match sender {
-            Conn::H1(mut s, uses) => {
-                let r = s.send_request(req).await;
-                if r.is_ok() {
-                    self.app_pool.put_h1_when_ready(key, s, uses + 1, 0);
-                }
-                r
-            }
-            Conn::H2(mut s, _) => {
-                if s.ready().await.is_err() {
-                    return Err(Reason::AppUnavailable);
-                }
-                s.send_request(req).await
+        let (mut resp, stream) = match self.app_pool.send(&key, sender, req, 0).await {
+            Ok(r) => r,
+            Err(SendError::NotSent(_)) => return Err(Reason::AppUnavailable),
+            Err(SendError::Failed(e)) => {
+                tracing::debug!(port, "inbound: app broke the exchange: {e}");
+                return Err(Reason::UpstreamProtocolError);
             }
         };
-        let mut resp = resp.map_err(|e| {
-            tracing::debug!(port, "inbound: app broke the exchange: {e}");
-            Reason::UpstreamProtocolError
-        })?;
         headers::strip_hop_by_hop(resp.headers_mut());
-        Ok(resp)
+        Ok((resp, stream))
     }
 
     async fn connect_app(&self, port: u16, h2: bool) -> Result<Conn, Reason> {
@@ -180,8 +170,8 @@ impl Inbound {
                 tracing::debug!(port, "inbound: h2c handshake with the app failed: {e}");
                 Reason::UpstreamProtocolError
             })?;
-            let uses = self.app_pool.put_h2((port, true), s.clone(), 0);
-            Ok(Conn::H2(s, uses))
+            let stream = self.app_pool.put_h2((port, true), s.clone(), 0);
+            Ok(Conn::H2(s, stream))
         } else {
             let s = pool::handshake_h1(io)
                 .await

@@ -30,7 +30,7 @@ use crate::identity::tls::{alpn_wire, ALPN_H2};
 use crate::identity::IdentityStore;
 use crate::lb;
 use crate::metrics::{self, Direction};
-use crate::pool::{self, Conn, Pool};
+use crate::pool::{self, Conn, Pool, SendError, StreamGuard};
 use crate::routing;
 use connect::ConnectError;
 
@@ -73,8 +73,15 @@ struct Outcome {
     upstream: Option<SocketAddr>,
     service: Option<String>,
     port: u16,
-    /// The endpoint's in-flight count, held until the response body ends.
-    active: Option<ActiveGuard>,
+    inflight: Option<InFlight>,
+}
+
+/// What a request holds until its response body ends: its endpoint's in-flight count and its
+/// place on a multiplexed connection.
+struct InFlight {
+    active: ActiveGuard,
+    #[allow(dead_code)] // held for its Drop
+    stream: Option<StreamGuard>,
 }
 
 impl Outcome {
@@ -85,15 +92,9 @@ impl Outcome {
             upstream: None,
             service: None,
             port: 0,
-            active: None,
+            inflight: None,
         }
     }
-}
-
-enum SendError {
-    /// The connection was gone before the request went out: safe to retry.
-    NotSent(Box<Request<ReqBody>>),
-    Failed(hyper::Error),
 }
 
 impl Outbound {
@@ -224,7 +225,7 @@ impl Outbound {
             service: out.service.unwrap_or_default(),
             port: out.port,
         };
-        body::finish_with(out.resp, log, decided, out.active)
+        body::finish_with(out.resp, log, decided, out.inflight)
     }
 
     async fn route(
@@ -281,16 +282,16 @@ impl Outbound {
         let timeout = cluster.service.request_timeout;
         let attempt = self.attempts(req, cluster, subset.as_ref(), authority, h2_first, src);
         match tokio::time::timeout(timeout, attempt).await {
-            Ok(Ok((resp, active))) => {
+            Ok(Ok((resp, inflight))) => {
                 let mut resp = resp.map(Either::Left);
                 headers::strip_hop_by_hop(resp.headers_mut());
                 Outcome {
                     resp,
                     reason: None,
-                    upstream: Some(active.0.address),
+                    upstream: Some(inflight.active.0.address),
                     service: None,
                     port: 0,
-                    active: Some(active),
+                    inflight: Some(inflight),
                 }
             }
             Ok(Err(r)) => Outcome::error(r),
@@ -306,7 +307,7 @@ impl Outbound {
         authority: &str,
         h2_first: bool,
         src: IpAddr,
-    ) -> Result<(Response<Incoming>, ActiveGuard), Reason> {
+    ) -> Result<(Response<Incoming>, InFlight), Reason> {
         let svc = &cluster.service;
         let max_uses = svc.max_requests_per_connection;
         let mut tried: Vec<SocketAddr> = Vec::new();
@@ -348,10 +349,10 @@ impl Outbound {
             let mut r = req.take().expect("a request is present until sent");
             let to_h2 = matches!(conn, Conn::H2(..));
             headers::retarget(&mut r, to_h2, authority)?;
-            match self.send(&key, conn, r, max_uses).await {
-                Ok(resp) => {
+            match self.pool.send(&key, conn, r, max_uses).await {
+                Ok((resp, stream)) => {
                     cluster.record(&ep, resp.status().is_server_error());
-                    return Ok((resp, active));
+                    return Ok((resp, InFlight { active, stream }));
                 }
                 Err(SendError::NotSent(r)) => req = Some(*r),
                 Err(SendError::Failed(e)) => {
@@ -362,34 +363,6 @@ impl Outbound {
             }
         }
         Err(last)
-    }
-
-    async fn send(
-        &self,
-        key: &PoolKey,
-        conn: Conn,
-        req: Request<ReqBody>,
-        max_uses: u32,
-    ) -> Result<Response<Incoming>, SendError> {
-        let unsent =
-            |mut e: hyper::client::conn::TrySendError<Request<ReqBody>>| match e.take_message() {
-                Some(r) => SendError::NotSent(Box::new(r)),
-                None => SendError::Failed(e.into_error()),
-            };
-        match conn {
-            Conn::H1(mut s, uses) => {
-                let resp = s.try_send_request(req).await.map_err(unsent)?;
-                self.pool
-                    .put_h1_when_ready(key.clone(), s, uses + 1, max_uses);
-                Ok(resp)
-            }
-            Conn::H2(mut s, _) => {
-                if s.ready().await.is_err() {
-                    return Err(SendError::NotSent(Box::new(req)));
-                }
-                s.try_send_request(req).await.map_err(unsent)
-            }
-        }
     }
 
     async fn connect_http(
@@ -414,10 +387,10 @@ impl Outbound {
             let s = pool::handshake_h2(io)
                 .await
                 .map_err(|e| ConnectError::Failed(format!("h2 handshake: {e}")))?;
-            let uses = self
+            let stream = self
                 .pool
                 .put_h2(key.clone(), s.clone(), svc.max_requests_per_connection);
-            Ok(Conn::H2(s, uses))
+            Ok(Conn::H2(s, stream))
         } else {
             let s = pool::handshake_h1(io)
                 .await
@@ -497,7 +470,7 @@ impl Outbound {
             upstream: Some(ep.address),
             service: None,
             port: 0,
-            active: None,
+            inflight: None,
         }
     }
 }
