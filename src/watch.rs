@@ -16,6 +16,8 @@ use notify::{RecursiveMode, Watcher};
 
 /// Quiet time after the last event before the files are read.
 pub const DEBOUNCE: Duration = Duration::from_millis(150);
+/// Longest the debounce waits: other files in the same directory may never go quiet.
+pub const DEBOUNCE_MAX: Duration = Duration::from_secs(1);
 /// Fallback poll period.
 pub const POLL: Duration = Duration::from_secs(2);
 
@@ -59,8 +61,10 @@ pub fn spawn(name: &str, paths: Vec<PathBuf>, mut on_change: impl FnMut() + Send
         loop {
             match rx.recv_timeout(POLL) {
                 Ok(()) => {
-                    // Let the writer finish: wait until events stop for a moment.
-                    while rx.recv_timeout(DEBOUNCE).is_ok() {}
+                    // Let the writer finish: wait until events stop for a moment, but not
+                    // forever (a log file next door may be written all the time).
+                    let since = std::time::Instant::now();
+                    while since.elapsed() < DEBOUNCE_MAX && rx.recv_timeout(DEBOUNCE).is_ok() {}
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
                 Err(mpsc::RecvTimeoutError::Disconnected) => {

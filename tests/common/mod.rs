@@ -95,6 +95,7 @@ pub mod suite {
     pub const OUTBOUND: u8 = 2;
     pub const DRAIN: u8 = 3;
     pub const READINESS: u8 = 4;
+    pub const LIVE: u8 = 7;
 }
 
 /// One test's loopback /24: `127.<suite>.<test>.0/24`.
