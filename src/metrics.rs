@@ -118,6 +118,12 @@ impl Metrics {
                 let _ = tls_handshakes.get_or_create(&HandshakeLabels { listener, result });
             }
         }
+        for listener in ["inbound", "outbound"] {
+            let _ = connections_active.get_or_create(&ListenerLabels { listener });
+        }
+        for direction in [Direction::inbound, Direction::outbound] {
+            let _ = duration.get_or_create(&DirectionLabels { direction });
+        }
         for result in ["ok", "error"] {
             let _ = catalog_reloads.get_or_create(&ResultLabels { result });
             let _ = identity_reloads.get_or_create(&ResultLabels { result });

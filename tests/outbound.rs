@@ -26,6 +26,7 @@
 //! 13 request_timeout_gives_504
 //! 14 pooled_connection_does_not_bypass_the_pin
 //! 15 new_pin_from_a_catalog_reload_applies_to_pooled_connections
+//! 16 rapid_reset_closes_the_connection
 
 mod common;
 
@@ -2231,4 +2232,66 @@ async fn request_timeout_gives_504() {
         "{:?}",
         t.elapsed()
     );
+}
+
+/// Rapid reset (CVE-2023-44487, SPEC section 8): a client that opens streams and resets them at
+/// once gets its connection closed, as Envoy does (over half of 500+ streams reset early);
+/// the proxy keeps serving other connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rapid_reset_closes_the_connection() {
+    let net = net(16);
+    let client_pod = net.pod(0);
+    // An endpoint that accepts TCP and never answers: requests stay pending until reset.
+    let hole = TcpListener::bind(SocketAddr::new(net.pod(1).proxy_ip(), 15008))
+        .await
+        .unwrap();
+    let holder = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = hole.accept().await {
+            held.push(s);
+        }
+    });
+    let certs = certs();
+    let cat = catalog(&[service(
+        "payments",
+        &certs.spiffe_id(PAYMENTS),
+        "",
+        &[endpoint(net.pod(1).proxy_ip(), &[8080])],
+    )]);
+    let proxy = client_proxy(&certs, client_pod, &cat, "").await;
+
+    let tcp = TcpStream::connect(client_pod.outbound()).await.unwrap();
+    let (mut h2, conn) = h2::client::handshake(tcp).await.unwrap();
+    let conn = tokio::spawn(conn);
+    let mut sent = 0;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while sent < 1500 && Instant::now() < deadline {
+        let ready = tokio::time::timeout(Duration::from_secs(5), h2.clone().ready()).await;
+        let Ok(Ok(mut ready)) = ready else { break };
+        let req = Request::get("http://payments.aether.internal/")
+            .body(())
+            .unwrap();
+        match ready.send_request(req, true) {
+            Ok((resp, mut stream)) => {
+                // Let the proxy take the request (so h2's own cap on streams reset before
+                // they are accepted is not what fires), then cancel it.
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                stream.send_reset(h2::Reason::CANCEL);
+                drop(resp);
+                sent += 1;
+            }
+            Err(_) => break,
+        }
+    }
+    let ended = tokio::time::timeout(Duration::from_secs(10), conn).await;
+    assert!(
+        matches!(ended, Ok(Ok(_))),
+        "the connection must be closed by the proxy after {sent} reset streams: {ended:?}"
+    );
+    assert!((500..1500).contains(&sent), "closed after {sent} streams");
+    // Other connections are served as before.
+    let r = get_h1(client_pod.outbound(), "evil.com", "/").await;
+    assert_proxy_error(&r, 404, "no-route", "after the abusive connection");
+    drop(proxy);
+    holder.abort();
 }

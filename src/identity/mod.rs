@@ -88,7 +88,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use boring::ssl::{SslAcceptor, SslConnector};
+use boring::ssl::SslAcceptor;
 
 use crate::config::{Config, Protocol};
 
@@ -98,9 +98,9 @@ pub struct Contexts {
     pub identity: Identity,
     /// Indexed by `proto_index`.
     acceptors: [SslAcceptor; 4],
-    pub connector: SslConnector,
+    pub connector: tls::Client,
     /// Per-source client identities (`source_identities`), by the app connection's source.
-    pub source_connectors: HashMap<IpAddr, SslConnector>,
+    pub source_connectors: HashMap<IpAddr, tls::Client>,
 }
 
 fn proto_index(p: Protocol) -> usize {
@@ -143,7 +143,7 @@ impl Contexts {
     }
 
     /// The client context for an app connection from `source`.
-    pub fn connector_for(&self, source: IpAddr) -> &SslConnector {
+    pub fn connector_for(&self, source: IpAddr) -> &tls::Client {
         self.source_connectors
             .get(&source)
             .unwrap_or(&self.connector)

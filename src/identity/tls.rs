@@ -4,8 +4,14 @@
 //! which ALPN the server agrees to. Clients (the outbound side) get one connector per client
 //! identity; SNI and ALPN are set per connection by the caller.
 
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use boring::ex_data::Index;
 use boring::ssl::{
-    AlpnError, SslAcceptor, SslConnector, SslContextBuilder, SslMethod, SslVerifyMode, SslVersion,
+    AlpnError, Ssl, SslAcceptor, SslConnector, SslContextBuilder, SslMethod, SslSession,
+    SslSessionCacheMode, SslVerifyMode, SslVersion,
 };
 use boring::x509::store::X509StoreBuilder;
 
@@ -67,6 +73,10 @@ pub fn acceptor(id: &Identity, trust_domain: &str, proto: Protocol) -> Result<Ss
         },
     );
     b.set_alpn_select_callback(move |_, client| select_alpn(proto, client));
+    // Resumption with a required client certificate needs a session context; one per chain
+    // protocol, so a session never crosses into a chain with other rules.
+    b.set_session_id_context(format!("aether-{proto:?}").as_bytes())
+        .map_err(|e| format!("session id context: {e}"))?;
     Ok(b.build())
 }
 
@@ -102,13 +112,70 @@ impl<'a> Iterator for AlpnIter<'a> {
     }
 }
 
+/// Where a client session may be resumed: the endpoint and the SNI port (each server chain has
+/// its own ticket keys).
+pub type SessionKey = (SocketAddr, u16);
+
+/// The latest TLS session per endpoint and port of one client context, as Envoy keeps one
+/// (`max_session_keys: 1`): a resumed handshake skips certificate signing and verification on
+/// both sides. Sessions never outlive their context, so a rotated identity starts afresh.
+#[derive(Default)]
+pub struct Sessions(Mutex<HashMap<SessionKey, SslSession>>);
+
+impl Sessions {
+    pub fn get(&self, key: &SessionKey) -> Option<SslSession> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .cloned()
+    }
+
+    fn put(&self, key: SessionKey, session: SslSession) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, session);
+    }
+
+    /// Forgets a session the peer no longer takes (or that a failed connection used).
+    pub fn forget(&self, key: &SessionKey) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
+    }
+}
+
+/// The `SessionKey` a connection is made for, so the new-session callback knows where to file
+/// the tickets it receives.
+pub fn session_key_index() -> Index<Ssl, SessionKey> {
+    static INDEX: OnceLock<Index<Ssl, SessionKey>> = OnceLock::new();
+    *INDEX.get_or_init(|| Ssl::new_ex_index().expect("an ex_data index"))
+}
+
+/// A client context and its session cache.
+pub struct Client {
+    pub ctx: SslConnector,
+    pub sessions: Arc<Sessions>,
+}
+
 /// The client context for one client identity. The peer chain is verified against the bundle
-/// during the handshake; the caller pins the peer's SPIFFE id afterwards (`san::has_uri_san`).
-pub fn connector(id: &Identity) -> Result<SslConnector, String> {
+/// during a full handshake; the caller pins the peer's SPIFFE id afterwards, on resumed
+/// connections too (`san::has_uri_san` on the session's peer certificate).
+pub fn connector(id: &Identity) -> Result<Client, String> {
     let mut b = SslConnector::builder(SslMethod::tls()).map_err(|e| format!("connector: {e}"))?;
     common(&mut b, id)?;
     b.set_verify(SslVerifyMode::PEER);
-    Ok(b.build())
+    let sessions = Arc::new(Sessions::default());
+    b.set_session_cache_mode(SslSessionCacheMode::CLIENT);
+    let cache = sessions.clone();
+    b.set_new_session_callback(move |ssl, session| {
+        if let Some(key) = ssl.ex_data(session_key_index()) {
+            cache.put(*key, session);
+        }
+    });
+    Ok(Client {
+        ctx: b.build(),
+        sessions,
+    })
 }
 
 /// ALPN wire list with the caller's own protocol first (SPEC "Upstream connection").

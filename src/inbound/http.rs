@@ -20,7 +20,7 @@ use crate::config::Protocol;
 use crate::drain::Phase;
 use crate::errors::Reason;
 use crate::headers;
-use crate::http_server::serve_until_drained;
+use crate::http_server::{serve_until_drained, ConnRequests, RequestOpen, Timed};
 use crate::identity::tls::ALPN_H2;
 use crate::metrics::Direction;
 use crate::pool::{self, Conn, SendError, StreamGuard};
@@ -35,23 +35,26 @@ pub async fn serve(inbound: Arc<Inbound>, chain: Chain, peer: Peer, own_id: &str
     });
     let proto = conn.chain.protocol;
     let drain = inbound.drain.clone();
+    let requests = Arc::new(ConnRequests::default());
     let svc = {
         let inbound = inbound.clone();
+        let requests = requests.clone();
         service_fn(move |req| {
+            let open = requests.start();
             let inbound = inbound.clone();
             let conn = conn.clone();
-            async move { Ok::<_, Infallible>(inbound.request(req, &conn).await) }
+            async move { Ok::<_, Infallible>(inbound.request(req, &conn, open).await) }
         })
     };
-    let io = TokioIo::new(tls);
+    let io = TokioIo::new(Timed::new(tls, requests.clone()));
     let s = &inbound.servers;
     let result = match proto {
-        Protocol::H2 => serve_until_drained!(s.h2.serve_connection(io, svc), drain),
-        Protocol::Http1 => serve_until_drained!(s.h1.serve_connection(io, svc), drain),
-        _ if h2_alpn => serve_until_drained!(s.h2.serve_connection(io, svc), drain),
-        _ if !no_alpn => serve_until_drained!(s.h1.serve_connection(io, svc), drain),
+        Protocol::H2 => serve_until_drained!(s.h2.serve_connection(io, svc), drain, requests),
+        Protocol::Http1 => serve_until_drained!(s.h1.serve_connection(io, svc), drain, requests),
+        _ if h2_alpn => serve_until_drained!(s.h2.serve_connection(io, svc), drain, requests),
+        _ if !no_alpn => serve_until_drained!(s.h1.serve_connection(io, svc), drain, requests),
         // No ALPN on an auto chain: sniff the HTTP/2 preface.
-        _ => serve_until_drained!(s.auto.serve_connection(io, svc), drain),
+        _ => serve_until_drained!(s.auto.serve_connection(io, svc), drain, requests),
     };
     if let Err(e) = result {
         tracing::debug!("inbound http connection ended: {e}");
@@ -65,7 +68,12 @@ struct ConnCtx {
 }
 
 impl Inbound {
-    async fn request(&self, mut req: Request<Incoming>, conn: &ConnCtx) -> Response<RespBody> {
+    async fn request(
+        &self,
+        mut req: Request<Incoming>,
+        conn: &ConnCtx,
+        open: RequestOpen,
+    ) -> Response<RespBody> {
         // Limits apply to what the client sent, before this proxy adds anything.
         let oversized = headers::too_large(req.headers());
         let request_id = headers::ensure_request_id(req.headers_mut());
@@ -105,7 +113,7 @@ impl Inbound {
             service: self.service_label.clone(),
             port: conn.chain.port,
         };
-        body::finish_with(resp, log, decided, stream)
+        body::finish_with(resp, log, decided, (stream, open.answered()))
     }
 
     async fn forward(

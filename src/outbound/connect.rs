@@ -5,11 +5,11 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use boring::ssl::SslConnector;
 use tokio::net::TcpStream;
 
 use crate::errors::Reason;
 use crate::identity::san;
+use crate::identity::tls::{session_key_index, Client};
 use crate::metrics;
 
 pub type UpstreamTls = tokio_boring::SslStream<TcpStream>;
@@ -35,7 +35,7 @@ impl ConnectError {
 /// format; `None` for raw TCP tunnels), the chain verified against the bundle, and the leaf's
 /// URI SAN pinned to `identity`.
 pub async fn connect(
-    connector: &SslConnector,
+    client: &Client,
     addr: SocketAddr,
     port: u16,
     alpn: Option<&[u8]>,
@@ -47,9 +47,18 @@ pub async fn connect(
             .await
             .map_err(|e| ConnectError::Failed(format!("connect {addr}: {e}")))?;
         let _ = tcp.set_nodelay(true);
-        let mut cfg = connector
+        let mut cfg = client
+            .ctx
             .configure()
             .map_err(|e| ConnectError::Failed(format!("tls setup: {e}")))?;
+        let key = (addr, port);
+        cfg.set_ex_data(session_key_index(), key);
+        if let Some(session) = client.sessions.get(&key) {
+            // SAFETY: the session came from this very context (each context has its own cache).
+            unsafe {
+                let _ = cfg.set_session(&session);
+            }
+        }
         // The SNI is the bare port; it is not a hostname to verify.
         cfg.set_use_server_name_indication(true);
         cfg.set_verify_hostname(false);
@@ -60,6 +69,7 @@ pub async fn connect(
         let sni = port.to_string();
         let tls = tokio_boring::connect(cfg, &sni, tcp).await.map_err(|e| {
             metrics::get().handshake("outbound", false);
+            client.sessions.forget(&key);
             ConnectError::Failed(format!("tls handshake with {addr}: {e}"))
         })?;
         metrics::get().handshake("outbound", true);
@@ -69,6 +79,7 @@ pub async fn connect(
             .and_then(|c| c.to_der().ok())
             .unwrap_or_default();
         if !san::has_uri_san(&der, identity) {
+            client.sessions.forget(&key);
             return Err(ConnectError::Identity {
                 got: san::spiffe_ids(&der),
             });

@@ -25,7 +25,7 @@ use crate::config::{Config, Locality};
 use crate::drain::{Drain, Phase, Tracker};
 use crate::errors::{Body, Reason};
 use crate::headers;
-use crate::http_server::{serve_until_drained, Servers};
+use crate::http_server::{serve_until_drained, ConnRequests, RequestOpen, Servers, Timed};
 use crate::identity::tls::{alpn_wire, ALPN_H2};
 use crate::identity::IdentityStore;
 use crate::lb;
@@ -169,17 +169,21 @@ impl Outbound {
         let _ = tcp.set_nodelay(true);
         let src = addr.ip();
         let drain = self.drain.clone();
+        let requests = Arc::new(ConnRequests::default());
         let svc = {
             let this = self.clone();
+            let requests = requests.clone();
             service_fn(move |req| {
+                let open = requests.start();
                 let this = this.clone();
-                async move { Ok::<_, Infallible>(this.request(req, src).await) }
+                async move { Ok::<_, Infallible>(this.request(req, src, open).await) }
             })
         };
-        let io = TokioIo::new(tcp);
+        let io = TokioIo::new(Timed::new(tcp, requests.clone()));
         let r = serve_until_drained!(
             self.servers.auto.serve_connection_with_upgrades(io, svc),
-            drain
+            drain,
+            requests
         );
         if let Err(e) = r {
             tracing::debug!(%addr, "outbound connection ended: {e}");
@@ -190,6 +194,7 @@ impl Outbound {
         self: &Arc<Self>,
         mut req: Request<Incoming>,
         src: IpAddr,
+        open: RequestOpen,
     ) -> Response<RespBody> {
         // Limits apply to what the app sent, before this proxy adds or removes anything.
         let oversized = headers::too_large(req.headers());
@@ -208,10 +213,12 @@ impl Outbound {
         .to_string();
         let log = RequestLog::new(Direction::outbound, &req, authority, request_id, None);
         let req = req.map(|b| Metered::new(b, log.received.clone()));
+        // A CONNECT tunnel takes the request's place on the connection for its whole life.
+        let mut open = Some(open);
         let mut out = if oversized {
             Outcome::error(Reason::HeadersTooLarge)
         } else {
-            self.route(req, &log.authority, src).await
+            self.route(req, &log.authority, src, &mut open).await
         };
         if self.drain.phase() >= Phase::Closing {
             out.resp
@@ -225,7 +232,12 @@ impl Outbound {
             service: out.service.unwrap_or_default(),
             port: out.port,
         };
-        body::finish_with(out.resp, log, decided, out.inflight)
+        body::finish_with(
+            out.resp,
+            log,
+            decided,
+            (out.inflight, open.map(RequestOpen::answered)),
+        )
     }
 
     async fn route(
@@ -233,6 +245,7 @@ impl Outbound {
         req: Request<ReqBody>,
         authority: &str,
         src: IpAddr,
+        open: &mut Option<RequestOpen>,
     ) -> Outcome {
         let auth = match routing::parse_authority(authority, &self.mesh_domain) {
             Ok(a) => a,
@@ -256,7 +269,7 @@ impl Outbound {
         let mut out = match (is_connect, protocol) {
             (true, PortProtocol::Http) => Outcome::error(Reason::NotATcpPort),
             (false, PortProtocol::Tcp) => Outcome::error(Reason::NotAnHttpPort),
-            (true, PortProtocol::Tcp) => self.tunnel(req, &cluster, src).await,
+            (true, PortProtocol::Tcp) => self.tunnel(req, &cluster, src, open).await,
             (false, PortProtocol::Http) => self.forward(req, &cluster, authority, src).await,
         };
         out.service = Some(cluster.service.name.clone());
@@ -405,6 +418,7 @@ impl Outbound {
         mut req: Request<ReqBody>,
         cluster: &Arc<Cluster>,
         src: IpAddr,
+        open: &mut Option<RequestOpen>,
     ) -> Outcome {
         let svc = &cluster.service;
         let mut tried = Vec::new();
@@ -444,6 +458,7 @@ impl Outbound {
         let upgrade = hyper::upgrade::on(&mut req);
         let active = ActiveGuard::new(ep.clone());
         let guard = self.tracker.track();
+        let open = open.take().map(RequestOpen::answered);
         let name = cluster.name.clone();
         tokio::spawn(async move {
             let mut tls = tls;
@@ -461,6 +476,7 @@ impl Outbound {
             }
             drop(active);
             drop(guard);
+            drop(open);
         });
         let mut resp = Response::new(Either::Right(Full::default()));
         *resp.status_mut() = StatusCode::OK;

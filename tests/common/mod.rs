@@ -95,6 +95,8 @@ pub mod suite {
     pub const OUTBOUND: u8 = 2;
     pub const DRAIN: u8 = 3;
     pub const READINESS: u8 = 4;
+    pub const ADMIN: u8 = 5;
+    pub const CLI: u8 = 6;
     pub const LIVE: u8 = 7;
 }
 

@@ -1,0 +1,169 @@
+//! The command line as an operator meets it: `check` on good and broken files, `run` refusing
+//! bad input with exit 1 and a clear message, never a panic.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_aether-proxy");
+
+fn aether(dir: &Path, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("binary runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn check_accepts_the_example_configs() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for cfg in ["configs/payments.yaml", "configs/frontend.yaml"] {
+        let o = aether(repo, &["check", "--config", cfg]);
+        assert!(o.status.success(), "{cfg}: {}", stderr(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stdout).contains(": ok ("),
+            "{cfg}"
+        );
+    }
+}
+
+/// A temp dir holding the repository's test certificates and the given files.
+fn setup(files: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    std::fs::create_dir(dir.path().join("certs")).unwrap();
+    for f in [
+        "ca.crt",
+        "payments.crt",
+        "payments.key",
+        "orders.crt",
+        "orders.key",
+    ] {
+        std::fs::copy(repo.join("certs").join(f), dir.path().join("certs").join(f)).unwrap();
+    }
+    for (name, text) in files {
+        std::fs::write(dir.path().join(name), text).unwrap();
+    }
+    dir
+}
+
+const GOOD_CATALOG: &str = "services:\n  payments:\n    default_port: 8080\n    identity: spiffe://aether.local/ns/default/sa/payments\n    endpoints: [{ address: 127.0.0.2 }]\n";
+const IDENTITY: &str =
+    "identity: { cert: certs/payments.crt, key: certs/payments.key, ca: certs/ca.crt }\n";
+
+fn config(rest: &str) -> String {
+    format!("{IDENTITY}catalog: {{ path: catalog.yaml }}\n{rest}")
+}
+
+#[test]
+fn check_reports_every_config_error_with_file_and_field() {
+    let cfg = config(
+        "inbound:\n  default_port: 8081\n  ports:\n    - { port: 8080, protocol: auto }\n    - { port: 8080, protocol: h2 }\n",
+    );
+    let dir = setup(&[("bad.yaml", &cfg), ("catalog.yaml", GOOD_CATALOG)]);
+    let o = aether(dir.path(), &["check", "--config", "bad.yaml"]);
+    assert_eq!(o.status.code(), Some(1));
+    let e = stderr(&o);
+    assert!(
+        e.contains("error: bad.yaml: inbound.ports[1].port: duplicate port 8080"),
+        "{e}"
+    );
+    assert!(
+        e.contains("error: bad.yaml: inbound.default_port: default port 8081 is not listed"),
+        "{e}"
+    );
+    assert!(!e.contains("panicked"), "{e}");
+}
+
+#[test]
+fn check_names_the_catalog_file_and_field() {
+    let bad = "services:\n  payments:\n    default_port: 8080\n    identity: spiffe://elsewhere/ns/default/sa/payments\n";
+    let dir = setup(&[("cfg.yaml", &config("")), ("catalog.yaml", bad)]);
+    let o = aether(dir.path(), &["check", "--config", "cfg.yaml"]);
+    assert_eq!(o.status.code(), Some(1));
+    let e = stderr(&o);
+    assert!(
+        e.contains("error: catalog.yaml: services.payments.identity: "),
+        "{e}"
+    );
+    assert!(e.contains("outside the trust domain"), "{e}");
+}
+
+#[test]
+fn check_refuses_missing_files_and_broken_yaml() {
+    let dir = setup(&[("cfg.yaml", &config("")), ("broken.yaml", "inbound: [\n")]);
+    // The catalog file does not exist.
+    let o = aether(dir.path(), &["check", "--config", "cfg.yaml"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("catalog.yaml: cannot read"),
+        "{}",
+        stderr(&o)
+    );
+    let o = aether(dir.path(), &["check", "--config", "broken.yaml"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).starts_with("error: broken.yaml: "),
+        "{}",
+        stderr(&o)
+    );
+    let o = aether(dir.path(), &["check", "--config", "nope.yaml"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("nope.yaml: cannot read"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn check_refuses_an_identity_that_does_not_hold_together() {
+    // The orders key with the payments certificate.
+    let cfg = "identity: { cert: certs/payments.crt, key: certs/orders.key, ca: certs/ca.crt }\ncatalog: { path: catalog.yaml }\n";
+    let dir = setup(&[("cfg.yaml", cfg), ("catalog.yaml", GOOD_CATALOG)]);
+    let o = aether(dir.path(), &["check", "--config", "cfg.yaml"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("the key does not match the certificate"),
+        "{}",
+        stderr(&o)
+    );
+    // A certificate outside the configured trust domain.
+    let cfg = format!("trust_domain: other.td\n{cfg}").replace("orders.key", "payments.key");
+    let dir = setup(&[("cfg.yaml", &cfg), ("catalog.yaml", "")]);
+    let o = aether(dir.path(), &["check", "--config", "cfg.yaml"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("no single SPIFFE URI SAN in trust domain \"other.td\""),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn run_refuses_bad_input_with_exit_1_and_no_panic() {
+    let dir = setup(&[("bad.yaml", "inbound: {bogus: 1}\n")]);
+    let o = aether(dir.path(), &["run", "--config", "bad.yaml"]);
+    assert_eq!(o.status.code(), Some(1));
+    let e = stderr(&o);
+    assert!(e.contains("bad.yaml"), "{e}");
+    assert!(!e.contains("panicked"), "{e}");
+}
+
+#[test]
+fn run_reports_a_listener_it_cannot_bind() {
+    let taken = std::net::TcpListener::bind("127.6.1.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let cfg = config(&format!(
+        "inbound: {{ listen: \"{addr}\" }}\noutbound: {{ listen: 127.6.1.1:0 }}\nadmin: {{ listen: 127.6.1.1:0 }}\n"
+    ));
+    let dir = setup(&[("cfg.yaml", &cfg), ("catalog.yaml", GOOD_CATALOG)]);
+    let o = aether(dir.path(), &["run", "--config", "cfg.yaml"]);
+    assert_eq!(o.status.code(), Some(1));
+    let e = stderr(&o);
+    assert!(e.contains(&format!("inbound {addr}: cannot bind")), "{e}");
+}
