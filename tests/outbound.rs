@@ -2261,7 +2261,7 @@ async fn rapid_reset_closes_the_connection() {
     let proxy = client_proxy(&certs, client_pod, &cat, "").await;
 
     let tcp = TcpStream::connect(client_pod.outbound()).await.unwrap();
-    let (mut h2, conn) = h2::client::handshake(tcp).await.unwrap();
+    let (h2, conn) = h2::client::handshake(tcp).await.unwrap();
     let conn = tokio::spawn(conn);
     let mut sent = 0;
     let deadline = Instant::now() + Duration::from_secs(20);
