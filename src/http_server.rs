@@ -222,10 +222,6 @@ impl<S> Timed<S> {
         }
     }
 
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
     fn arm(&mut self, d: Deadline, after: Duration) {
         self.deadline = d;
         self.sleep

@@ -52,7 +52,8 @@ pub enum Conn {
 
 #[derive(Default)]
 struct Slot {
-    h2: Vec<(H2, Arc<H2Stats>)>,
+    /// With the time each was last handed out.
+    h2: Vec<(H2, Arc<H2Stats>, Instant)>,
     h1: Vec<(H1, Instant, u32)>,
 }
 
@@ -77,13 +78,14 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
     pub fn get(&self, key: &K, max_uses: u32) -> Option<Conn> {
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         let slot = map.get_mut(key)?;
-        slot.h2.retain(|(h2, _)| !h2.is_closed());
+        slot.h2.retain(|(h2, _, _)| !h2.is_closed());
         let free = slot
             .h2
             .iter()
-            .position(|(_, st)| st.open.load(Ordering::Relaxed) < H2_STREAMS_PER_CONN);
+            .position(|(_, st, _)| st.open.load(Ordering::Relaxed) < H2_STREAMS_PER_CONN);
         if let Some(i) = free {
-            let (h2, st) = &slot.h2[i];
+            let (h2, st, last) = &mut slot.h2[i];
+            *last = Instant::now();
             st.open.fetch_add(1, Ordering::Relaxed);
             let n = st.uses.fetch_add(1, Ordering::Relaxed) + 1;
             let conn = Conn::H2(h2.clone(), StreamGuard(st.clone()));
@@ -111,7 +113,10 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
         });
         if max_uses != 1 {
             let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
-            map.entry(key).or_default().h2.push((h2, st.clone()));
+            map.entry(key)
+                .or_default()
+                .h2
+                .push((h2, st.clone(), Instant::now()));
         }
         StreamGuard(st)
     }
@@ -134,9 +139,13 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
     }
 
     /// Drops pooled connections whose key fails `keep` (endpoints that left the catalog), and
-    /// idle ones past the idle timeout. In-flight requests keep their connections alive.
-    pub fn retain(&self, mut keep: impl FnMut(&K) -> bool) {
-        let now = Instant::now();
+    /// ones idle past the idle timeout (h2: no open stream for that long). In-flight requests
+    /// keep their connections alive.
+    pub fn retain(&self, keep: impl FnMut(&K) -> bool) {
+        self.retain_at(Instant::now(), keep)
+    }
+
+    fn retain_at(&self, now: Instant, mut keep: impl FnMut(&K) -> bool) {
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         map.retain(|k, slot| {
             if !keep(k) {
@@ -145,7 +154,11 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
             slot.h1.retain(|(h1, since, _)| {
                 !h1.is_closed() && now.duration_since(*since) < IDLE_TIMEOUT
             });
-            slot.h2.retain(|(h2, _)| !h2.is_closed());
+            slot.h2.retain(|(h2, st, last)| {
+                let idle = st.open.load(Ordering::Relaxed) == 0
+                    && now.duration_since(*last) >= IDLE_TIMEOUT;
+                !h2.is_closed() && !idle
+            });
             !slot.h2.is_empty() || !slot.h1.is_empty()
         });
     }
@@ -290,6 +303,27 @@ mod tests {
         // When a stream of the first one ends, it has room again.
         held.truncate(10);
         assert!(matches!(pool.get(&1, 0), Some(Conn::H2(..))));
+    }
+
+    #[tokio::test]
+    async fn idle_h2_connections_leave_the_pool_busy_ones_stay() {
+        let pool: Arc<Pool<u8>> = Pool::new();
+        drop(pool.put_h2(1, h2_sender().await, 0));
+        let busy = pool.put_h2(2, h2_sender().await, 0);
+        let later = Instant::now() + IDLE_TIMEOUT + Duration::from_secs(1);
+        pool.retain_at(later, |_| true);
+        assert!(
+            pool.get(&1, 0).is_none(),
+            "an idle connection must be dropped"
+        );
+        assert!(
+            pool.get(&2, 0).is_some(),
+            "a connection with an open stream stays"
+        );
+        drop(busy);
+        // Keys the catalog no longer has go, busy or not.
+        pool.retain(|k| *k != 2);
+        assert!(pool.get(&2, 0).is_none());
     }
 
     #[tokio::test]
