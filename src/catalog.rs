@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::config::{check_spiffe_id, duration, from_yaml, FileError, FileErrors, Locality};
+use crate::config::{
+    check_spiffe_id, duration, from_yaml, read_file, FileError, FileErrors, Locality,
+};
 
 /// The inbound port of every pod's proxy, used when an endpoint address carries no port.
 pub const DEFAULT_INBOUND_PORT: u16 = 15008;
@@ -140,14 +142,7 @@ pub struct Catalog {
 
 impl Catalog {
     pub fn load(path: &Path, trust_domain: &str) -> Result<Catalog, FileErrors> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            FileErrors(vec![FileError {
-                file: path.to_path_buf(),
-                field: String::new(),
-                reason: format!("cannot read: {e}"),
-            }])
-        })?;
-        Catalog::parse(path, &text, trust_domain)
+        Catalog::parse(path, &read_file(path)?, trust_domain)
     }
 
     pub fn parse(file: &Path, text: &str, trust_domain: &str) -> Result<Catalog, FileErrors> {

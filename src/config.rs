@@ -313,6 +313,17 @@ fn default_drain_timeout() -> Duration {
     Duration::from_secs(20)
 }
 
+/// Reads a whole config or catalog file; the error names the file.
+pub(crate) fn read_file(path: &Path) -> Result<String, FileErrors> {
+    std::fs::read_to_string(path).map_err(|e| {
+        FileErrors(vec![FileError {
+            file: path.to_path_buf(),
+            field: String::new(),
+            reason: format!("cannot read: {e}"),
+        }])
+    })
+}
+
 /// Deserializes `text` as YAML into `T`, reporting the failing field path.
 pub(crate) fn from_yaml<T: serde::de::DeserializeOwned>(
     file: &Path,
@@ -343,14 +354,7 @@ pub(crate) fn from_yaml<T: serde::de::DeserializeOwned>(
 impl Config {
     /// Reads and validates a configuration file.
     pub fn load(path: &Path) -> Result<Config, FileErrors> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            FileErrors(vec![FileError {
-                file: path.to_path_buf(),
-                field: String::new(),
-                reason: format!("cannot read: {e}"),
-            }])
-        })?;
-        Config::parse(path, &text)
+        Config::parse(path, &read_file(path)?)
     }
 
     /// Parses and validates configuration text; `file` is used in error messages.

@@ -106,3 +106,41 @@ impl Drop for TrackGuard {
         }
     }
 }
+
+/// Accepts connections until the drain reaches `Closing`, then drops the listener (new
+/// connections are refused). Each connection runs `handle` in its own task, tracked so the
+/// drain can wait for it.
+pub async fn accept_until_closing<F, Fut>(
+    name: &'static str,
+    listener: tokio::net::TcpListener,
+    drain: &Drain,
+    tracker: &Tracker,
+    handle: F,
+) where
+    F: Fn(tokio::net::TcpStream, std::net::SocketAddr) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let closing = Drain::reached(drain.watch(), Phase::Closing);
+    tokio::pin!(closing);
+    loop {
+        tokio::select! {
+            r = listener.accept() => match r {
+                Ok((tcp, addr)) => {
+                    let guard = tracker.track();
+                    let conn = handle(tcp, addr);
+                    tokio::spawn(async move {
+                        conn.await;
+                        drop(guard);
+                    });
+                }
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!("{name} accept failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            },
+            _ = &mut closing => break,
+        }
+    }
+    tracing::info!("{name} listener closed");
+}

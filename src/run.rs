@@ -132,14 +132,13 @@ async fn bind(what: &str, addr: SocketAddr) -> Result<TcpListener, String> {
         .map_err(|e| format!("{what} {addr}: cannot listen: {e}"))
 }
 
-async fn serve(cfg: Arc<Config>, catalog: Catalog, set_log_filter: SetLogFilter) -> ExitCode {
-    let identity = match IdentityStore::load(&cfg) {
-        Ok(i) => i,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+/// Binds every listener and starts serving; any failure here is a start-up error.
+async fn start(
+    cfg: Arc<Config>,
+    catalog: Catalog,
+    set_log_filter: SetLogFilter,
+) -> Result<Running, String> {
+    let identity = IdentityStore::load(&cfg)?;
     let drain = Drain::default();
     let tracker = Tracker::default();
     let catalog = Arc::new(CatalogStore::new(catalog));
@@ -151,23 +150,15 @@ async fn serve(cfg: Arc<Config>, catalog: Catalog, set_log_filter: SetLogFilter)
         set_log_filter,
         views: admin_views(&cfg, &catalog, &clusters, &identity),
     });
-    let admin_listener = match bind("admin", cfg.admin.listen).await {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+    let admin_listener = bind("admin", cfg.admin.listen)
+        .await?
+        .into_std()
+        .map_err(|e| format!("admin listener: {e}"))?;
+    let inbound_listener = bind("inbound", cfg.inbound.listen).await?;
+    let outbound_listener = bind("outbound", cfg.outbound.listen).await?;
     {
         // Its own thread and runtime: scrapes never queue behind data-path work.
         let admin = admin.clone();
-        let std_listener = match admin_listener.into_std() {
-            Ok(l) => l,
-            Err(e) => {
-                eprintln!("error: admin listener: {e}");
-                return ExitCode::FAILURE;
-            }
-        };
         std::thread::Builder::new()
             .name("aether-admin".into())
             .spawn(move || {
@@ -176,35 +167,20 @@ async fn serve(cfg: Arc<Config>, catalog: Catalog, set_log_filter: SetLogFilter)
                     .build();
                 if let Ok(rt) = rt {
                     rt.block_on(async move {
-                        if let Ok(l) = TcpListener::from_std(std_listener) {
+                        if let Ok(l) = TcpListener::from_std(admin_listener) {
                             admin.serve(l).await;
                         }
                     });
                 }
             })
-            .ok();
+            .map_err(|e| format!("admin thread: {e}"))?;
     }
-    let inbound_listener = match bind("inbound", cfg.inbound.listen).await {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
     let inbound = Arc::new(Inbound::new(
         &cfg,
         identity.clone(),
         drain.clone(),
         tracker.clone(),
     ));
-    let inbound_task = tokio::spawn(inbound.serve(inbound_listener));
-    let outbound_listener = match bind("outbound", cfg.outbound.listen).await {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
     let outbound = Arc::new(Outbound::new(
         &cfg,
         catalog.clone(),
@@ -213,8 +189,11 @@ async fn serve(cfg: Arc<Config>, catalog: Catalog, set_log_filter: SetLogFilter)
         drain.clone(),
         tracker.clone(),
     ));
-    let outbound_task = tokio::spawn(outbound.clone().serve(outbound_listener));
-    watch_catalog(&cfg, catalog.clone(), clusters.clone(), outbound.clone());
+    let listeners = vec![
+        tokio::spawn(inbound.serve(inbound_listener)),
+        tokio::spawn(outbound.clone().serve(outbound_listener)),
+    ];
+    watch_catalog(&cfg, catalog.clone(), clusters.clone(), outbound);
     watch_identity(cfg.clone(), identity.clone());
     admin.bound.store(true, Ordering::Release);
     tracing::info!(
@@ -224,14 +203,40 @@ async fn serve(cfg: Arc<Config>, catalog: Catalog, set_log_filter: SetLogFilter)
         identity = %identity.current().identity.spiffe_id,
         "aether-proxy serving"
     );
+    Ok(Running {
+        drain,
+        tracker,
+        listeners,
+    })
+}
 
+/// What `start` leaves running.
+struct Running {
+    drain: Drain,
+    tracker: Tracker,
+    listeners: Vec<tokio::task::JoinHandle<()>>,
+}
+
+async fn serve(cfg: Arc<Config>, catalog: Catalog, set_log_filter: SetLogFilter) -> ExitCode {
+    let Running {
+        drain,
+        tracker,
+        listeners,
+    } = match start(cfg.clone(), catalog, set_log_filter).await {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     tokio::spawn(signals(drain.clone()));
     Drain::reached(drain.watch(), Phase::Notifying).await;
     tracing::info!(notify = ?cfg.drain.notify, "drain: reporting not ready, still serving");
     tokio::time::sleep(cfg.drain.notify).await;
     drain.advance(Phase::Closing);
-    let _ = inbound_task.await;
-    let _ = outbound_task.await;
+    for l in listeners {
+        let _ = l.await;
+    }
     tracing::info!(open = tracker.open(), timeout = ?cfg.drain.timeout, "drain: listeners closed, waiting for in-flight work");
     let left = tracker.wait_idle(cfg.drain.timeout).await;
     if left > 0 {

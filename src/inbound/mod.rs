@@ -17,7 +17,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::config::{Config, Protocol};
-use crate::drain::{Drain, Phase};
+use crate::drain::{accept_until_closing, Drain};
 use crate::identity::{san, IdentityStore};
 use crate::metrics;
 use crate::pool::Pool;
@@ -83,29 +83,11 @@ impl Inbound {
     /// Accepts until the drain closes the listener.
     pub async fn serve(self: Arc<Self>, listener: TcpListener) {
         self.app_pool.spawn_sweeper();
-        let closing = Drain::reached(self.drain.watch(), Phase::Closing);
-        tokio::pin!(closing);
-        loop {
-            tokio::select! {
-                r = listener.accept() => match r {
-                    Ok((tcp, addr)) => {
-                        let this = self.clone();
-                        let guard = self.tracker.track();
-                        tokio::spawn(async move {
-                            this.connection(tcp, addr).await;
-                            drop(guard);
-                        });
-                    }
-                    Err(e) => {
-                        // EMFILE and friends: back off instead of spinning.
-                        tracing::warn!("inbound accept failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                },
-                _ = &mut closing => break,
-            }
-        }
-        tracing::info!("inbound listener closed");
+        let (drain, tracker) = (self.drain.clone(), self.tracker.clone());
+        accept_until_closing("inbound", listener, &drain, &tracker, |tcp, addr| {
+            self.clone().connection(tcp, addr)
+        })
+        .await;
     }
 
     async fn connection(self: Arc<Self>, mut tcp: TcpStream, addr: SocketAddr) {

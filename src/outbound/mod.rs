@@ -8,7 +8,6 @@ use std::collections::HashSet;
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::Duration;
 
 use http::{HeaderValue, Method, Request, Response, StatusCode, Version};
 use http_body_util::{Either, Full};
@@ -22,7 +21,7 @@ use crate::body::{self, Metered, ReqBody, RespBody};
 use crate::catalog::{CatalogStore, Labels, PortProtocol};
 use crate::cluster::{ActiveGuard, Cluster, Clusters};
 use crate::config::{Config, Locality};
-use crate::drain::{Drain, Phase, Tracker};
+use crate::drain::{accept_until_closing, Drain, Phase, Tracker};
 use crate::errors::{Body, Reason};
 use crate::headers;
 use crate::http_server::{serve_until_drained, ConnRequests, RequestOpen, Servers, Timed};
@@ -122,28 +121,11 @@ impl Outbound {
 
     pub async fn serve(self: Arc<Self>, listener: TcpListener) {
         self.pool.spawn_sweeper();
-        let closing = Drain::reached(self.drain.watch(), Phase::Closing);
-        tokio::pin!(closing);
-        loop {
-            tokio::select! {
-                r = listener.accept() => match r {
-                    Ok((tcp, addr)) => {
-                        let this = self.clone();
-                        let guard = self.tracker.track();
-                        tokio::spawn(async move {
-                            this.connection(tcp, addr).await;
-                            drop(guard);
-                        });
-                    }
-                    Err(e) => {
-                        tracing::warn!("outbound accept failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                },
-                _ = &mut closing => break,
-            }
-        }
-        tracing::info!("outbound listener closed");
+        let (drain, tracker) = (self.drain.clone(), self.tracker.clone());
+        accept_until_closing("outbound", listener, &drain, &tracker, |tcp, addr| {
+            self.clone().connection(tcp, addr)
+        })
+        .await;
     }
 
     /// After a catalog reload: pooled connections to endpoints (or ports) that left, or whose
