@@ -27,6 +27,9 @@
 //! 14 pooled_connection_does_not_bypass_the_pin
 //! 15 new_pin_from_a_catalog_reload_applies_to_pooled_connections
 //! 16 rapid_reset_closes_the_connection
+//! 17 connect_timeout_is_the_catalogs
+//! 18 outlier_detection_ejects_a_failing_endpoint
+//! 19 subsets_compose_with_the_port
 
 mod common;
 
@@ -2294,4 +2297,206 @@ async fn rapid_reset_closes_the_connection() {
     assert_proxy_error(&r, 404, "no-route", "after the abusive connection");
     drop(proxy);
     holder.abort();
+}
+
+/// SPEC "Timeouts": the catalog's `connect_timeout` bounds connecting (TCP + TLS) to an endpoint;
+/// an endpoint that accepts TCP but never completes TLS costs at most that, per attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_timeout_is_the_catalogs() {
+    let net = net(17);
+    let client_pod = net.pod(0);
+    let hole = TcpListener::bind(SocketAddr::new(net.pod(1).proxy_ip(), 15008))
+        .await
+        .unwrap();
+    let holder = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = hole.accept().await {
+            held.push(s);
+        }
+    });
+    let certs = certs();
+    let cat = catalog(&[service(
+        "payments",
+        &certs.spiffe_id(PAYMENTS),
+        "    connect_timeout: 300ms\n",
+        &[endpoint(net.pod(1).proxy_ip(), &[8080])],
+    )]);
+    let _client = client_proxy(&certs, client_pod, &cat, "").await;
+    let start = Instant::now();
+    let r = get_h1(client_pod.outbound(), SVC, "/").await;
+    let took = start.elapsed();
+    assert_proxy_error(
+        &r,
+        503,
+        "upstream-connect-failure",
+        "a TLS handshake that never ends",
+    );
+    // One endpoint: one attempt (never retried onto the same endpoint), bounded by 300 ms.
+    assert!(
+        took >= Duration::from_millis(280) && took < Duration::from_secs(3),
+        "answered after {took:?}"
+    );
+    holder.abort();
+}
+
+/// SPEC "Outlier detection": five consecutive 5xx eject an endpoint; `/clusters` shows it,
+/// the metric counts it, and new requests go to the healthy endpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outlier_detection_ejects_a_failing_endpoint() {
+    let net = net(18);
+    let (client_pod, bad, good) = (net.pod(0), net.pod(1), net.pod(2));
+    let certs = certs();
+    // The bad pod's app answers 500 to everything: it sees the header the test sets below only
+    // on requests it is sent, so a dedicated service routes them there first.
+    let bad_app = HttpApp::auto(bad.app(8080)).await;
+    let good_app = HttpApp::auto(good.app(8080)).await;
+    let _s1 = server_proxy(&certs, bad, "payments", &["{ port: 8080, protocol: auto }"]).await;
+    let _s2 = server_proxy(
+        &certs,
+        good,
+        "payments",
+        &["{ port: 8080, protocol: auto }"],
+    )
+    .await;
+    let id = certs.spiffe_id(PAYMENTS);
+    let labelled = |pod: PodNet, v: &str| {
+        format!(
+            "      - {{ address: \"{}\", ports: [8080], labels: {{ health: {v} }} }}\n",
+            pod.proxy_ip()
+        )
+    };
+    let routes = "    routes:\n      - match: { header: x-fail, value: \"1\" }\n        subset: { health: bad }\n";
+    let cat = catalog(&[service(
+        "payments",
+        &id,
+        routes,
+        &[labelled(bad, "bad"), labelled(good, "good")],
+    )]);
+    let client = client_proxy(&certs, client_pod, &cat, "").await;
+    let out = client_pod.outbound();
+    // Five 5xx in a row from the bad endpoint (routed there by the subset).
+    for k in 0..5 {
+        let req = empty(
+            get(&format!("/fail/{k}"))
+                .header("host", SVC)
+                .header("x-fail", "1")
+                .header("x-app-status", "500"),
+        );
+        let r = h1_to(out).await.send(req).await.unwrap();
+        assert_eq!(r.status.as_u16(), 500, "the app's own 500 passes through");
+    }
+    assert_eq!(bad_app.seen().len(), 5);
+    let view = client.admin_get("/clusters").await.unwrap().json();
+    let eps = &view["clusters"][0]["endpoints"];
+    let state: Vec<(String, bool)> = eps
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["address"].as_str().unwrap().to_string(),
+                e["ejected"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert!(
+        state.contains(&(bad.inbound().to_string(), true)),
+        "the failing endpoint is ejected: {state:?}"
+    );
+    assert!(
+        state.contains(&(good.inbound().to_string(), false)),
+        "{state:?}"
+    );
+    let ejections = metric_sum(
+        &client,
+        "aether_outlier_ejections_total",
+        &["service=\"payments\""],
+    )
+    .await;
+    assert_eq!(ejections, 1.0);
+    // New requests for the bad subset find only an ejected endpoint; the rest go to the good one.
+    let r = get_h1(out, SVC, "/after").await;
+    assert_app_ok(&r, 8080, "the healthy endpoint");
+    assert_eq!(good_app.seen().len(), 1);
+    let req = empty(
+        get("/subset-after")
+            .header("host", SVC)
+            .header("x-fail", "1"),
+    );
+    let r = h1_to(out).await.send(req).await.unwrap();
+    assert_proxy_error(
+        &r,
+        503,
+        "no-healthy-upstream",
+        "the bad subset while ejected",
+    );
+    assert_eq!(
+        bad_app.seen().len(),
+        5,
+        "an ejected endpoint gets no new request"
+    );
+}
+
+/// SPEC "Subsets": a subset composes with a port: the endpoints are those of the port's set
+/// that match the labels; a split sends traffic by weight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subsets_compose_with_the_port() {
+    let net = net(19);
+    let (client_pod, v1, v2a, v2b) = (net.pod(0), net.pod(1), net.pod(2), net.pod(3));
+    let certs = certs();
+    let ports = [
+        "{ port: 8080, protocol: auto }",
+        "{ port: 9090, protocol: auto }",
+    ];
+    let mut apps = Vec::new();
+    let mut proxies = Vec::new();
+    for pod in [v1, v2a, v2b] {
+        apps.push((
+            HttpApp::auto(pod.app(8080)).await,
+            HttpApp::auto(pod.app(9090)).await,
+        ));
+        proxies.push(server_proxy(&certs, pod, "payments", &ports).await);
+    }
+    let ep = |pod: PodNet, ports: &str, v: &str| {
+        format!(
+            "      - {{ address: \"{}\", ports: {ports}, labels: {{ version: {v} }} }}\n",
+            pod.proxy_ip()
+        )
+    };
+    let routes = "    routes:\n      - match: { header: x-canary, value: \"1\" }\n        subset: { version: v2 }\n      - split:\n          - { subset: { version: v1 }, weight: 100 }\n";
+    // v2a serves 9090, v2b does not advertise it.
+    let cat = catalog(&[service(
+        "payments",
+        &certs.spiffe_id(PAYMENTS),
+        routes,
+        &[
+            ep(v1, "[8080, 9090]", "v1"),
+            ep(v2a, "[8080, 9090]", "v2"),
+            ep(v2b, "[8080]", "v2"),
+        ],
+    )]);
+    let _client = client_proxy(&certs, client_pod, &cat, "").await;
+    let out = client_pod.outbound();
+    for k in 0..12 {
+        let req = empty(
+            get(&format!("/c/{k}"))
+                .header("host", "payments.aether.internal:9090")
+                .header("x-canary", "1"),
+        );
+        let r = h1_to(out).await.send(req).await.unwrap();
+        assert_app_ok(&r, 9090, "canary on 9090");
+    }
+    for k in 0..12 {
+        let r = get_h1(out, SVC, &format!("/d/{k}")).await;
+        assert_app_ok(&r, 8080, "default route");
+    }
+    let seen = |i: usize| (apps[i].0.seen().len(), apps[i].1.seen().len());
+    // Canary on 9090: the v2 pods that advertise 9090 (v2a only); default: the v1 split.
+    assert_eq!(seen(1), (0, 12), "v2a serves every canary request on 9090");
+    assert_eq!(seen(2), (0, 0), "v2b does not advertise 9090 and is not v1");
+    assert_eq!(
+        seen(0),
+        (12, 0),
+        "the 100% v1 split takes the default route"
+    );
 }
