@@ -15,6 +15,7 @@
 //!  2 sigterm_drains_in_flight_work_then_exits  5 identity_rotation_keeps_old_connections
 //!  3 post_drain_starts_the_same_sequence       6 bad_catalog_writes_keep_the_last_good_one
 //!  7 catalog_reload_is_not_starved_by_a_busy_directory
+//!  8 trust_bundle_rotation_adds_and_retires_a_ca
 
 mod common;
 mod live_support;
@@ -1279,4 +1280,108 @@ async fn catalog_reload_is_not_starved_by_a_busy_directory() {
         serde_json::json!(["orders", "payments"]),
         "{dump}"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8. Trust bundle rotation
+// ---------------------------------------------------------------------------------------------
+
+/// Rotating the CA the way operators do: add the new CA to the bundle, move the leaf to it,
+/// then retire the old CA. Clients of the new CA get in once it is in the bundle; clients of
+/// the old one are refused once it is gone. No restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trust_bundle_rotation_adds_and_retires_a_ca() {
+    let pod = net(8).pod(0);
+    let (old, new) = (certs(), certs());
+    let ledger = Ledger::default();
+    let _app = PodApp::start(pod.app(8080), "server", "v1", &ledger).await;
+    let id_dir = tempfile::Builder::new()
+        .prefix("aether-live-ca-")
+        .tempdir()
+        .unwrap();
+    let (crt, key, ca) = (
+        id_dir.path().join("tls.crt"),
+        id_dir.path().join("tls.key"),
+        id_dir.path().join("ca.crt"),
+    );
+    std::fs::copy(old.cert("payments"), &crt).unwrap();
+    std::fs::copy(old.key("payments"), &key).unwrap();
+    std::fs::copy(old.ca(), &ca).unwrap();
+    let identity = format!(
+        "identity:\n  cert: {}\n  key: {}\n  ca: {}\n",
+        crt.display(),
+        key.display(),
+        ca.display()
+    );
+    let _proxy = server_proxy(&old, pod, &[], Some(identity), "").await;
+    let inbound = pod.inbound();
+
+    // The clients trust both CAs for the server (its leaf moves from one to the other).
+    let both = [
+        std::fs::read(old.ca()).unwrap(),
+        std::fs::read(new.ca()).unwrap(),
+    ]
+    .concat();
+    let client_dir = tempfile::tempdir().unwrap();
+    let client_ca = client_dir.path().join("both.crt");
+    std::fs::write(&client_ca, &both).unwrap();
+    let works = |certs| accepted(&client_ca, certs, inbound);
+    assert!(works(&old).await, "the old CA's client before any rotation");
+    assert!(!works(&new).await, "the new CA is not trusted yet");
+
+    // 1. Add the new CA to the bundle.
+    write_atomic(&ca, &both);
+    assert!(
+        becomes(&client_ca, &new, inbound, true).await,
+        "a client of the added CA is accepted within 2 s"
+    );
+    assert!(works(&old).await, "the old CA is still trusted");
+
+    // 2. Move the leaf to the new CA and retire the old one.
+    write_atomic(&key, &std::fs::read(new.key("payments")).unwrap());
+    write_atomic(&crt, &std::fs::read(new.cert("payments")).unwrap());
+    write_atomic(&ca, &std::fs::read(new.ca()).unwrap());
+    assert!(
+        becomes(&client_ca, &old, inbound, false).await,
+        "a client of the retired CA is refused within 2 s"
+    );
+    assert!(works(&new).await, "the new CA's client keeps working");
+}
+
+/// Whether a client with `certs`' frontend leaf (trusting `client_ca` for the server) gets a
+/// 200 through the inbound 8080 chain.
+async fn accepted(client_ca: &std::path::Path, certs: &Certs, inbound: SocketAddr) -> bool {
+    let client = TlsClient::new(client_ca)
+        .cert(&certs.cert("frontend"), &certs.key("frontend"))
+        .sni(Some("8080"))
+        .alpn(&["http/1.1"]);
+    let Ok(tls) = client.connect(inbound).await else {
+        return false;
+    };
+    let Ok(mut h1) = HttpClient::h1(tls).await else {
+        return false;
+    };
+    matches!(
+        h1.send(empty(get("/ca").header("host", SVC))).await,
+        Ok(r) if r.status.as_u16() == 200
+    )
+}
+
+/// Polls `accepted` until it answers `want`, for at most 2 s.
+async fn becomes(
+    client_ca: &std::path::Path,
+    certs: &Certs,
+    inbound: SocketAddr,
+    want: bool,
+) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        if accepted(client_ca, certs, inbound).await == want {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
