@@ -18,7 +18,7 @@ pub struct Entry<'a> {
     pub path: &'a str,
     pub status: u16,
     pub error: Option<&'a str>,
-    pub upstream: Option<String>,
+    pub upstream: Option<std::net::SocketAddr>,
     pub duration_ms: f64,
     pub bytes_received: u64,
     pub bytes_sent: u64,
@@ -64,7 +64,7 @@ pub struct RequestLog {
 pub struct Decided {
     pub status: u16,
     pub reason: Option<crate::errors::Reason>,
-    pub upstream: Option<String>,
+    pub upstream: Option<std::net::SocketAddr>,
     /// Metric labels (catalog names only).
     pub service: String,
     pub port: u16,
@@ -119,7 +119,7 @@ impl RequestLog {
             path: &self.path,
             status: d.status,
             error: d.reason.map(crate::errors::Reason::as_str),
-            upstream: d.upstream.clone(),
+            upstream: d.upstream,
             duration_ms: elapsed.as_secs_f64() * 1000.0,
             bytes_received: self.received.load(Ordering::Relaxed),
             bytes_sent: sent,

@@ -56,8 +56,14 @@ fn json(status: StatusCode, v: serde_json::Value) -> Response<Full<Bytes>> {
 impl Admin {
     pub async fn serve(self: Arc<Self>, listener: TcpListener) {
         loop {
-            let Ok((tcp, _)) = listener.accept().await else {
-                continue;
+            let tcp = match listener.accept().await {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!("admin accept failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
             };
             let this = self.clone();
             tokio::spawn(async move {

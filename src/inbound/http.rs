@@ -109,7 +109,7 @@ impl Inbound {
         let decided = Decided {
             status: resp.status().as_u16(),
             reason,
-            upstream: Some(format!("{}:{}", self.app_host, conn.chain.port)),
+            upstream: Some(std::net::SocketAddr::new(self.app_host, conn.chain.port)),
             service: self.service_label.clone(),
             port: conn.chain.port,
         };

@@ -210,7 +210,7 @@ impl Outbound {
         let decided = Decided {
             status: out.resp.status().as_u16(),
             reason: out.reason,
-            upstream: out.upstream.map(|a| a.to_string()),
+            upstream: out.upstream,
             service: out.service.unwrap_or_default(),
             port: out.port,
         };
