@@ -952,26 +952,9 @@ async fn identity_rotation_keeps_old_connections() {
     let ledger = Ledger::default();
     let _app = PodApp::start(pod.app(8080), "server", "v1", &ledger).await;
 
-    // The server's identity lives in its own directory, as a mounted secret would.
-    let id_dir = tempfile::Builder::new()
-        .prefix("aether-live-id-")
-        .tempdir()
-        .unwrap();
-    let (crt, key, ca) = (
-        id_dir.path().join("tls.crt"),
-        id_dir.path().join("tls.key"),
-        id_dir.path().join("ca.crt"),
-    );
-    std::fs::copy(certs.cert("payments"), &crt).unwrap();
-    std::fs::copy(certs.key("payments"), &key).unwrap();
-    std::fs::copy(certs.ca(), &ca).unwrap();
-    let identity = format!(
-        "identity:\n  cert: {}\n  key: {}\n  ca: {}\n",
-        crt.display(),
-        key.display(),
-        ca.display()
-    );
-    let proxy = server_proxy(&certs, pod, &[], Some(identity), "").await;
+    let id = IdentityDir::new(&certs);
+    let (crt, key) = (id.crt.clone(), id.key.clone());
+    let proxy = server_proxy(&certs, pod, &[], Some(id.yaml()), "").await;
     let inbound = pod.inbound();
     let ok = ["result=\"ok\""];
     let err = ["result=\"error\""];
@@ -1295,25 +1278,9 @@ async fn trust_bundle_rotation_adds_and_retires_a_ca() {
     let (old, new) = (certs(), certs());
     let ledger = Ledger::default();
     let _app = PodApp::start(pod.app(8080), "server", "v1", &ledger).await;
-    let id_dir = tempfile::Builder::new()
-        .prefix("aether-live-ca-")
-        .tempdir()
-        .unwrap();
-    let (crt, key, ca) = (
-        id_dir.path().join("tls.crt"),
-        id_dir.path().join("tls.key"),
-        id_dir.path().join("ca.crt"),
-    );
-    std::fs::copy(old.cert("payments"), &crt).unwrap();
-    std::fs::copy(old.key("payments"), &key).unwrap();
-    std::fs::copy(old.ca(), &ca).unwrap();
-    let identity = format!(
-        "identity:\n  cert: {}\n  key: {}\n  ca: {}\n",
-        crt.display(),
-        key.display(),
-        ca.display()
-    );
-    let _proxy = server_proxy(&old, pod, &[], Some(identity), "").await;
+    let id = IdentityDir::new(&old);
+    let (crt, key, ca) = (id.crt.clone(), id.key.clone(), id.ca.clone());
+    let _proxy = server_proxy(&old, pod, &[], Some(id.yaml()), "").await;
     let inbound = pod.inbound();
 
     // The clients trust both CAs for the server (its leaf moves from one to the other).
@@ -1383,5 +1350,46 @@ async fn becomes(
             return false;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A server's identity files in a directory of their own, as a mounted secret would be, starting
+/// as a copy of `certs`' payments leaf and CA; tests rewrite them to rotate.
+struct IdentityDir {
+    _dir: tempfile::TempDir,
+    crt: PathBuf,
+    key: PathBuf,
+    ca: PathBuf,
+}
+
+impl IdentityDir {
+    fn new(certs: &Certs) -> IdentityDir {
+        let dir = tempfile::Builder::new()
+            .prefix("aether-live-id-")
+            .tempdir()
+            .unwrap();
+        let (crt, key, ca) = (
+            dir.path().join("tls.crt"),
+            dir.path().join("tls.key"),
+            dir.path().join("ca.crt"),
+        );
+        std::fs::copy(certs.cert("payments"), &crt).unwrap();
+        std::fs::copy(certs.key("payments"), &key).unwrap();
+        std::fs::copy(certs.ca(), &ca).unwrap();
+        IdentityDir {
+            _dir: dir,
+            crt,
+            key,
+            ca,
+        }
+    }
+
+    fn yaml(&self) -> String {
+        format!(
+            "identity:\n  cert: {}\n  key: {}\n  ca: {}\n",
+            self.crt.display(),
+            self.key.display(),
+            self.ca.display()
+        )
     }
 }
