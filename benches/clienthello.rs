@@ -6,7 +6,8 @@
 use std::hint::black_box;
 use std::io::{Read, Write};
 
-use aether_proxy::inbound::clienthello::{classify_sni, parse};
+use aether_proxy::inbound::chain::classify_sni;
+use aether_proxy::inbound::clienthello::parse;
 use boring::ssl::{HandshakeError, SslConnector, SslMethod, SslVerifyMode};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 

@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use aether_proxy::catalog::Catalog;
-use aether_proxy::routing::{choose_subset, decide, parse_authority};
+use aether_proxy::outbound::route::{choose_subset, decide, parse_authority};
 use criterion::{criterion_group, criterion_main, Criterion};
 use std::hint::black_box;
 

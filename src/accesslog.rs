@@ -4,10 +4,19 @@
 //! path never waits on a stdout write.
 
 use std::io::Write;
-use std::sync::{Mutex, OnceLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
+use bytes::Bytes;
+use http_body_util::{Either, Full};
+use hyper::body::Incoming;
 use serde::Serialize;
+
+use crate::http::answer::Reason;
+use crate::http::body::{Metered, RespBody};
+use crate::identity::SpiffeId;
+use crate::metrics::{self, Direction};
 
 #[derive(Serialize)]
 pub struct Entry<'a> {
@@ -50,20 +59,20 @@ pub fn now_rfc3339() -> String {
 /// ends: the access-log line and the request metrics.
 pub struct RequestLog {
     pub start: std::time::Instant,
-    pub direction: crate::metrics::Direction,
+    pub direction: Direction,
     pub method: http::Method,
     pub authority: String,
     pub path: String,
     pub request_id: http::HeaderValue,
-    pub peer_identity: Option<String>,
+    pub peer_identity: Option<SpiffeId>,
     /// Request body bytes, counted as they go upstream.
-    pub received: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    pub received: Arc<AtomicU64>,
 }
 
 /// What the routing decided, known once the response headers are ready.
 pub struct Decided {
     pub status: u16,
-    pub reason: Option<crate::errors::Reason>,
+    pub reason: Option<Reason>,
     pub upstream: Option<std::net::SocketAddr>,
     /// Metric labels (catalog names only).
     pub service: String,
@@ -72,11 +81,11 @@ pub struct Decided {
 
 impl RequestLog {
     pub fn new(
-        direction: crate::metrics::Direction,
-        req: &http::Request<hyper::body::Incoming>,
+        direction: Direction,
+        req: &http::Request<Incoming>,
         authority: String,
         request_id: http::HeaderValue,
-        peer_identity: Option<String>,
+        peer_identity: Option<SpiffeId>,
     ) -> RequestLog {
         RequestLog {
             start: std::time::Instant::now(),
@@ -92,11 +101,10 @@ impl RequestLog {
 
     /// Records the request; `sent` is the response body bytes.
     pub fn finish(self, d: &Decided, sent: u64) {
-        use std::sync::atomic::Ordering;
         let elapsed = self.start.elapsed();
-        let m = crate::metrics::get();
+        let m = metrics::get();
         m.requests
-            .get_or_create(&crate::metrics::RequestLabels {
+            .get_or_create(&metrics::RequestLabels {
                 direction: self.direction,
                 service: d.service.clone(),
                 port: d.port,
@@ -104,29 +112,47 @@ impl RequestLog {
             })
             .inc();
         m.duration
-            .get_or_create(&crate::metrics::DirectionLabels {
+            .get_or_create(&metrics::DirectionLabels {
                 direction: self.direction,
             })
             .observe(elapsed.as_secs_f64());
         log(&Entry {
             time: now_rfc3339(),
             direction: match self.direction {
-                crate::metrics::Direction::inbound => "inbound",
-                crate::metrics::Direction::outbound => "outbound",
+                Direction::inbound => "inbound",
+                Direction::outbound => "outbound",
             },
             method: self.method.as_str(),
             authority: &self.authority,
             path: &self.path,
             status: d.status,
-            error: d.reason.map(crate::errors::Reason::as_str),
+            error: d.reason.map(Reason::as_str),
             upstream: d.upstream,
             duration_ms: elapsed.as_secs_f64() * 1000.0,
             bytes_received: self.received.load(Ordering::Relaxed),
             bytes_sent: sent,
-            peer_identity: self.peer_identity.as_deref(),
+            peer_identity: self.peer_identity.as_ref().map(SpiffeId::as_str),
             request_id: self.request_id.to_str().ok(),
         });
     }
+}
+
+/// Wraps a response so that, when its body ends, the request is logged and counted and
+/// `guard` (in-flight counters and the like) is released.
+pub fn finish_with<G: Send + Sync + 'static>(
+    resp: http::Response<Either<Incoming, Full<Bytes>>>,
+    log: RequestLog,
+    decided: Decided,
+    guard: G,
+) -> http::Response<RespBody> {
+    let sent = Arc::new(AtomicU64::new(0));
+    let counter = sent.clone();
+    resp.map(move |b| {
+        Metered::new(b, counter).on_end(Box::new(move |_clean| {
+            drop(guard);
+            log.finish(&decided, sent.load(Ordering::Relaxed));
+        }))
+    })
 }
 
 pub fn log(entry: &Entry<'_>) {

@@ -61,7 +61,7 @@ impl Admin {
                 Err(e) => {
                     // EMFILE and friends: back off instead of spinning.
                     tracing::warn!("admin accept failed: {e}");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    tokio::time::sleep(crate::drain::ACCEPT_BACKOFF).await;
                     continue;
                 }
             };
@@ -73,7 +73,7 @@ impl Admin {
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
                     .timer(TokioTimer::new())
-                    .header_read_timeout(std::time::Duration::from_secs(10))
+                    .header_read_timeout(crate::http::limits::HEADER_READ_TIMEOUT)
                     .serve_connection(TokioIo::new(tcp), svc)
                     .await;
             });

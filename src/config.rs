@@ -10,52 +10,12 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-/// One problem found in a configuration or catalog file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FileError {
-    pub file: PathBuf,
-    /// Field path such as `inbound.ports[1].port`; empty when the whole file is at fault.
-    pub field: String,
-    pub reason: String,
-}
+use crate::identity::tls::{ServerAlpn, ALPN_H2, ALPN_HTTP1};
+use crate::identity::{IdentitySpec, SpiffeId};
+use crate::validation::{from_yaml, read_file, FieldError, FieldErrors, Origin};
 
-impl fmt::Display for FileError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.field.is_empty() {
-            write!(f, "{}: {}", self.file.display(), self.reason)
-        } else {
-            write!(
-                f,
-                "{}: {}: {}",
-                self.file.display(),
-                self.field,
-                self.reason
-            )
-        }
-    }
-}
-
-impl std::error::Error for FileError {}
-
-/// All problems found in one file (validation keeps going after the first one).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FileErrors(pub Vec<FileError>);
-
-impl fmt::Display for FileErrors {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, e) in self.0.iter().enumerate() {
-            if i > 0 {
-                writeln!(f)?;
-            }
-            write!(f, "{e}")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for FileErrors {}
-
-/// Application protocol of an inbound chain.
+/// Application protocol of an inbound chain. Every `match` on it names all four: a new kind
+/// of chain must decide its ALPN and its server explicitly (see `inbound::chain`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Protocol {
@@ -66,8 +26,24 @@ pub enum Protocol {
 }
 
 impl Protocol {
-    pub fn is_http(self) -> bool {
-        self != Protocol::Tcp
+    /// The ALPN the port's TLS server agrees to: `h2` chains only h2, `http1` only http/1.1,
+    /// `auto` the client's first choice of the two, `tcp` none.
+    pub fn server_alpn(self) -> ServerAlpn {
+        match self {
+            Protocol::H2 => ServerAlpn::Only(ALPN_H2),
+            Protocol::Http1 => ServerAlpn::Only(ALPN_HTTP1),
+            Protocol::Auto => ServerAlpn::ClientFirst,
+            Protocol::Tcp => ServerAlpn::Refuse,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::H2 => "h2",
+            Protocol::Http1 => "http1",
+            Protocol::Auto => "auto",
+            Protocol::Tcp => "tcp",
+        }
     }
 }
 
@@ -165,7 +141,7 @@ pub struct InboundPort {
     pub protocol: Protocol,
     /// Peer SPIFFE ids let through; empty means every identity of the trust domain.
     #[serde(default)]
-    pub allow: Vec<String>,
+    pub allow: Vec<SpiffeId>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -313,53 +289,15 @@ fn default_drain_timeout() -> Duration {
     Duration::from_secs(20)
 }
 
-/// Reads a whole config or catalog file; the error names the file.
-pub(crate) fn read_file(path: &Path) -> Result<String, FileErrors> {
-    std::fs::read_to_string(path).map_err(|e| {
-        FileErrors(vec![FileError {
-            file: path.to_path_buf(),
-            field: String::new(),
-            reason: format!("cannot read: {e}"),
-        }])
-    })
-}
-
-/// Deserializes `text` as YAML into `T`, reporting the failing field path.
-pub(crate) fn from_yaml<T: serde::de::DeserializeOwned>(
-    file: &Path,
-    text: &str,
-) -> Result<T, FileError> {
-    let de = serde_yaml_ng::Deserializer::from_str(text);
-    serde_path_to_error::deserialize(de).map_err(|e| {
-        let field = e.path().to_string();
-        let field = if field == "." { String::new() } else { field };
-        let mut reason = e.into_inner().to_string();
-        // The YAML library prefixes its own notion of the path; ours is already in `field`.
-        let mut prefix = field.as_str();
-        while !prefix.is_empty() {
-            if let Some(rest) = reason.strip_prefix(&format!("{prefix}: ")) {
-                reason = rest.to_string();
-                break;
-            }
-            prefix = prefix.rsplit_once('.').map_or("", |(p, _)| p);
-        }
-        FileError {
-            file: file.to_path_buf(),
-            field,
-            reason,
-        }
-    })
-}
-
 impl Config {
     /// Reads and validates a configuration file.
-    pub fn load(path: &Path) -> Result<Config, FileErrors> {
+    pub fn load(path: &Path) -> Result<Config, FieldErrors> {
         Config::parse(path, &read_file(path)?)
     }
 
     /// Parses and validates configuration text; `file` is used in error messages.
-    pub fn parse(file: &Path, text: &str) -> Result<Config, FileErrors> {
-        let mut cfg: Config = from_yaml(file, text).map_err(|e| FileErrors(vec![e]))?;
+    pub fn parse(file: &Path, text: &str) -> Result<Config, FieldErrors> {
+        let mut cfg: Config = from_yaml(file, text)?;
         if cfg.inbound.ports.is_empty() {
             cfg.inbound.ports.push(InboundPort {
                 port: cfg.inbound.default_port,
@@ -371,19 +309,15 @@ impl Config {
         if errors.is_empty() {
             Ok(cfg)
         } else {
-            Err(FileErrors(errors))
+            Err(FieldErrors(errors))
         }
     }
 
-    fn validate(&self, file: &Path) -> Vec<FileError> {
+    fn validate(&self, file: &Path) -> Vec<FieldError> {
+        let origin = Origin::File(file.to_path_buf());
         let mut errs = Vec::new();
-        let mut err = |field: String, reason: String| {
-            errs.push(FileError {
-                file: file.to_path_buf(),
-                field,
-                reason,
-            })
-        };
+        let mut err =
+            |field: String, reason: String| errs.push(FieldError::new(&origin, field, reason));
         if !is_dns_name(&self.mesh_domain) {
             err(
                 "mesh_domain".into(),
@@ -416,8 +350,8 @@ impl Config {
                 );
             }
             for (j, id) in p.allow.iter().enumerate() {
-                if let Err(reason) = check_spiffe_id(id, &self.trust_domain) {
-                    err(format!("inbound.ports[{i}].allow[{j}]"), reason);
+                if let Err(reason) = id.check_trust_domain(&self.trust_domain) {
+                    err(format!("inbound.ports[{i}].allow[{j}]"), reason.to_string());
                 }
             }
         }
@@ -471,6 +405,27 @@ impl Config {
     pub fn inbound_port(&self, port: u16) -> Option<&InboundPort> {
         self.inbound.ports.iter().find(|p| p.port == port)
     }
+
+    /// What the workload identity is built from.
+    pub fn identity_spec(&self) -> IdentitySpec {
+        IdentitySpec {
+            cert: self.identity.cert.clone(),
+            key: self.identity.key.clone(),
+            ca: self.identity.ca.clone(),
+            trust_domain: self.trust_domain.clone(),
+            served: self
+                .inbound
+                .ports
+                .iter()
+                .map(|p| (p.port, p.protocol.server_alpn()))
+                .collect(),
+            sources: self
+                .source_identities
+                .iter()
+                .map(|s| (s.source, s.cert.clone(), s.key.clone()))
+                .collect(),
+        }
+    }
 }
 
 /// Lower-case DNS-ish name: labels of `[a-z0-9-]`, separated by dots.
@@ -483,25 +438,6 @@ fn is_dns_name(s: &str) -> bool {
                 && l.bytes()
                     .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         })
-}
-
-/// A SPIFFE id `spiffe://<trust_domain>/<path>` in the given trust domain.
-pub fn check_spiffe_id(id: &str, trust_domain: &str) -> Result<(), String> {
-    let Some(rest) = id.strip_prefix("spiffe://") else {
-        return Err(format!(
-            "{id:?} is not a SPIFFE id (spiffe://<trust domain>/<path>)"
-        ));
-    };
-    let (td, path) = rest.split_once('/').unwrap_or((rest, ""));
-    if td != trust_domain {
-        return Err(format!(
-            "{id:?} is outside the trust domain {trust_domain:?}"
-        ));
-    }
-    if path.is_empty() {
-        return Err(format!("{id:?} has no workload path"));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

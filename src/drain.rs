@@ -107,6 +107,9 @@ impl Drop for TrackGuard {
     }
 }
 
+/// How long a listener waits after a failed accept (EMFILE and friends) before the next.
+pub const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Accepts connections until the drain reaches `Closing`, then drops the listener (new
 /// connections are refused). Each connection runs `handle` in its own task, tracked so the
 /// drain can wait for it.
@@ -136,7 +139,7 @@ pub async fn accept_until_closing<F, Fut>(
                 Err(e) => {
                     // EMFILE and friends: back off instead of spinning.
                     tracing::warn!("{name} accept failed: {e}");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
                 }
             },
             _ = &mut closing => break,

@@ -1,27 +1,25 @@
 //! aether-proxy: the Aether mesh's data-plane sidecar.
 //!
 //! Data flows one way: listener -> chain/route -> cluster -> pool -> connection.
-//! `inbound` terminates mTLS from peer proxies; `identity` owns certificates and TLS contexts;
-//! `admin`, `readiness`, `drain` and `metrics` are the operator's side.
+//! `inbound` terminates mTLS from peer proxies and picks a chain by SNI; `outbound` routes app
+//! requests by authority to clusters, endpoints and pooled mTLS connections; `catalog` holds
+//! what the mesh knows (a store fed by sources); `identity` owns SPIFFE ids, certificates and
+//! TLS contexts; `http` is what both listeners share of HTTP; `admin`, `readiness`, `drain`,
+//! `metrics` and `accesslog` are the operator's side. `validation` is how bad input is
+//! reported.
 
 pub mod accesslog;
 pub mod admin;
-pub mod body;
 pub mod catalog;
-pub mod cluster;
 pub mod config;
 pub mod demo;
 pub mod drain;
-pub mod errors;
-pub mod headers;
-pub mod http_server;
+pub mod http;
 pub mod identity;
 pub mod inbound;
-pub mod lb;
 pub mod metrics;
 pub mod outbound;
-pub mod pool;
 pub mod readiness;
-pub mod routing;
 pub mod run;
+pub mod validation;
 pub mod watch;

@@ -13,14 +13,30 @@ use tracing_subscriber::{reload, EnvFilter};
 
 use crate::admin::{Admin, SetLogFilter};
 use crate::catalog::{Catalog, CatalogStore};
-use crate::cluster::Clusters;
 use crate::config::Config;
 use crate::drain::{Drain, Phase, Tracker};
-use crate::identity::IdentityStore;
+use crate::identity::{Contexts, IdentityError, IdentityStore};
 use crate::inbound::Inbound;
 use crate::metrics::ResultLabels;
+use crate::outbound::cluster::Clusters;
 use crate::outbound::Outbound;
 use crate::readiness::ListenerCheck;
+
+/// Why the proxy could not start serving.
+#[derive(Debug, thiserror::Error)]
+enum StartError {
+    #[error("{what} {addr}: {step}: {source}")]
+    Listener {
+        what: &'static str,
+        addr: SocketAddr,
+        step: &'static str,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    #[error("admin thread: {0}")]
+    AdminThread(std::io::Error),
+}
 
 /// `aether-proxy check`: exit 0 when the config, its catalog and its identity files are good.
 pub fn check(path: &Path) -> ExitCode {
@@ -55,7 +71,7 @@ fn load(path: &Path) -> Result<(Config, Catalog), Vec<String>> {
             None
         }
     };
-    if let Err(e) = crate::identity::Contexts::build(&cfg) {
+    if let Err(e) = Contexts::build(&cfg.identity_spec()) {
         errors.push(format!("{}: identity: {e}", path.display()));
     }
     match catalog {
@@ -117,19 +133,24 @@ pub fn main(path: &Path, concurrency: Option<usize>) -> ExitCode {
     code
 }
 
-async fn bind(what: &str, addr: SocketAddr) -> Result<TcpListener, String> {
+async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, StartError> {
+    let err = |step| {
+        move |source| StartError::Listener {
+            what,
+            addr,
+            step,
+            source,
+        }
+    };
     let sock = match addr {
         SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
         SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
     }
-    .map_err(|e| format!("{what} {addr}: {e}"))?;
-    sock.set_reuseaddr(true)
-        .map_err(|e| format!("{what} {addr}: {e}"))?;
+    .map_err(err("socket"))?;
+    sock.set_reuseaddr(true).map_err(err("socket"))?;
     sock.set_nodelay(true).ok();
-    sock.bind(addr)
-        .map_err(|e| format!("{what} {addr}: cannot bind: {e}"))?;
-    sock.listen(1024)
-        .map_err(|e| format!("{what} {addr}: cannot listen: {e}"))
+    sock.bind(addr).map_err(err("cannot bind"))?;
+    sock.listen(1024).map_err(err("cannot listen"))
 }
 
 /// Binds every listener and starts serving; any failure here is a start-up error.
@@ -137,12 +158,25 @@ async fn start(
     cfg: Arc<Config>,
     catalog: Catalog,
     set_log_filter: SetLogFilter,
-) -> Result<Running, String> {
-    let identity = IdentityStore::load(&cfg)?;
+) -> Result<Running, StartError> {
+    let identity = IdentityStore::load(cfg.identity_spec())?;
     let drain = Drain::default();
     let tracker = Tracker::default();
     let catalog = Arc::new(CatalogStore::new(catalog));
-    let clusters = Arc::new(Clusters::new(&cfg.mesh_domain, catalog.clone()));
+    let inbound = Arc::new(Inbound::new(
+        &cfg,
+        identity.clone(),
+        drain.clone(),
+        tracker.clone(),
+    ));
+    let outbound = Arc::new(Outbound::new(
+        &cfg,
+        catalog.clone(),
+        identity.clone(),
+        drain.clone(),
+        tracker.clone(),
+    ));
+    let clusters = outbound.clusters.clone();
     let admin = Arc::new(Admin {
         drain: drain.clone(),
         bound: Default::default(),
@@ -153,7 +187,12 @@ async fn start(
     let admin_listener = bind("admin", cfg.admin.listen)
         .await?
         .into_std()
-        .map_err(|e| format!("admin listener: {e}"))?;
+        .map_err(|source| StartError::Listener {
+            what: "admin",
+            addr: cfg.admin.listen,
+            step: "detach",
+            source,
+        })?;
     let inbound_listener = bind("inbound", cfg.inbound.listen).await?;
     let outbound_listener = bind("outbound", cfg.outbound.listen).await?;
     {
@@ -173,28 +212,14 @@ async fn start(
                     });
                 }
             })
-            .map_err(|e| format!("admin thread: {e}"))?;
+            .map_err(StartError::AdminThread)?;
     }
-    let inbound = Arc::new(Inbound::new(
-        &cfg,
-        identity.clone(),
-        drain.clone(),
-        tracker.clone(),
-    ));
-    let outbound = Arc::new(Outbound::new(
-        &cfg,
-        catalog.clone(),
-        clusters.clone(),
-        identity.clone(),
-        drain.clone(),
-        tracker.clone(),
-    ));
     let listeners = vec![
         tokio::spawn(inbound.serve(inbound_listener)),
-        tokio::spawn(outbound.clone().serve(outbound_listener)),
+        tokio::spawn(outbound.serve(outbound_listener)),
     ];
-    watch_catalog(&cfg, catalog.clone(), clusters.clone(), outbound);
-    watch_identity(cfg.clone(), identity.clone());
+    crate::catalog::file::watch(cfg.catalog.path.clone(), cfg.trust_domain.clone(), catalog);
+    watch_identity(identity.clone());
     admin.bound.store(true, Ordering::Release);
     tracing::info!(
         inbound = %cfg.inbound.listen,
@@ -247,63 +272,14 @@ async fn serve(cfg: Arc<Config>, catalog: Catalog, set_log_filter: SetLogFilter)
     ExitCode::SUCCESS
 }
 
-/// Reloads the catalog on change. A bad file keeps the last good catalog; each distinct error
-/// is logged once.
-fn watch_catalog(
-    cfg: &Config,
-    catalog: Arc<CatalogStore>,
-    clusters: Arc<Clusters>,
-    outbound: Arc<Outbound>,
-) {
-    let path = cfg.catalog.path.clone();
-    let trust_domain = cfg.trust_domain.clone();
-    let mut last_error: Option<String> = None;
-    crate::watch::spawn("catalog", vec![path.clone()], move || {
-        let m = crate::metrics::get();
-        match Catalog::load(&path, &trust_domain) {
-            Ok(next) => {
-                let services = next.services.len();
-                catalog.store(next);
-                clusters.rebuild();
-                outbound.forget_removed_endpoints();
-                let _ = m
-                    .catalog_reloads
-                    .get_or_create(&ResultLabels { result: "ok" })
-                    .inc();
-                tracing::info!(version = catalog.version(), services, "catalog reloaded");
-                last_error = None;
-            }
-            Err(e) => {
-                let _ = m
-                    .catalog_reloads
-                    .get_or_create(&ResultLabels { result: "error" })
-                    .inc();
-                let msg = e.to_string();
-                if last_error.as_deref() != Some(msg.as_str()) {
-                    tracing::error!("catalog reload failed; keeping the last good catalog: {msg}");
-                    last_error = Some(msg);
-                }
-            }
-        }
-    });
-}
-
 /// Rotates the identity on change of any of its files. A half-written or invalid set keeps
 /// the previous identity; each distinct error is logged once.
-fn watch_identity(cfg: Arc<Config>, identity: Arc<IdentityStore>) {
-    let mut paths = vec![
-        cfg.identity.cert.clone(),
-        cfg.identity.key.clone(),
-        cfg.identity.ca.clone(),
-    ];
-    for s in &cfg.source_identities {
-        paths.push(s.cert.clone());
-        paths.push(s.key.clone());
-    }
+fn watch_identity(identity: Arc<IdentityStore>) {
+    let paths = identity.spec().files();
     let mut last_error: Option<String> = None;
     crate::watch::spawn("identity", paths, move || {
         let m = crate::metrics::get();
-        match identity.reload(&cfg) {
+        match identity.reload() {
             Ok(()) => {
                 let _ = m
                     .identity_reloads
@@ -316,9 +292,10 @@ fn watch_identity(cfg: Arc<Config>, identity: Arc<IdentityStore>) {
                     .identity_reloads
                     .get_or_create(&ResultLabels { result: "error" })
                     .inc();
-                if last_error.as_deref() != Some(e.as_str()) {
-                    tracing::error!("identity reload failed; keeping the current identity: {e}");
-                    last_error = Some(e);
+                let msg = e.to_string();
+                if last_error.as_deref() != Some(msg.as_str()) {
+                    tracing::error!("identity reload failed; keeping the current identity: {msg}");
+                    last_error = Some(msg);
                 }
             }
         }
@@ -359,7 +336,7 @@ fn admin_views(
                     "app_host": cfg.inbound.app_host.to_string(),
                     "default_port": cfg.inbound.default_port,
                     "ports": cfg.inbound.ports.iter().map(|p| serde_json::json!({
-                        "port": p.port, "protocol": format!("{:?}", p.protocol).to_lowercase(), "allow": p.allow,
+                        "port": p.port, "protocol": p.protocol.as_str(), "allow": p.allow,
                     })).collect::<Vec<_>>(),
                 },
                 "outbound": { "listen": cfg.outbound.listen.to_string() },

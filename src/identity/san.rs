@@ -2,6 +2,8 @@
 
 use x509_parser::extensions::GeneralName;
 
+use super::spiffe::SpiffeId;
+
 /// Every URI SAN of `der` that is a SPIFFE id (`spiffe://...`), in certificate order.
 pub fn spiffe_ids(der: &[u8]) -> Vec<String> {
     let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else {
@@ -21,18 +23,18 @@ pub fn spiffe_ids(der: &[u8]) -> Vec<String> {
 }
 
 /// The certificate's SPIFFE id inside `trust_domain`, if it carries exactly one such id.
-pub fn spiffe_id_in(der: &[u8], trust_domain: &str) -> Option<String> {
+pub fn spiffe_id_in(der: &[u8], trust_domain: &str) -> Option<SpiffeId> {
     let mut ids = spiffe_ids(der)
         .into_iter()
-        .filter(|id| crate::config::check_spiffe_id(id, trust_domain).is_ok());
+        .filter_map(|id| SpiffeId::parse_in(&id, trust_domain).ok());
     let id = ids.next()?;
     // Two ids in one leaf would make "who is this peer" ambiguous; refuse such certificates.
     ids.next().is_none().then_some(id)
 }
 
 /// True when the certificate carries `expected` as a URI SAN: the identity pin.
-pub fn has_uri_san(der: &[u8], expected: &str) -> bool {
-    spiffe_ids(der).iter().any(|id| id == expected)
+pub fn has_uri_san(der: &[u8], expected: &SpiffeId) -> bool {
+    spiffe_ids(der).iter().any(|id| expected == id.as_str())
 }
 
 /// Lower-case hex SHA-256 of a DER certificate (the `Hash=` of x-forwarded-client-cert).

@@ -1,8 +1,9 @@
 //! BoringSSL contexts built from an `Identity`.
 //!
-//! Servers (the inbound listener) get one acceptor per chain protocol, because the chain decides
-//! which ALPN the server agrees to. Clients (the outbound side) get one connector per client
-//! identity; SNI and ALPN are set per connection by the caller.
+//! Servers (the inbound listener) get one acceptor per served port: the port's chain decides
+//! which ALPN the server agrees to, and each context has its own session-ticket keys, so a
+//! session never resumes into another port's chain. Clients (the outbound side) get one
+//! connector per client identity; SNI and ALPN are set per connection by the caller.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -15,8 +16,8 @@ use boring::ssl::{
 };
 use boring::x509::store::X509StoreBuilder;
 
-use super::{san, Identity};
-use crate::config::Protocol;
+use super::san;
+use super::workload::{Identity, IdentityError};
 
 /// Envoy 1.40's default key-exchange preference.
 pub const CURVES: &str = "X25519MLKEM768:X25519:P-256";
@@ -24,36 +25,48 @@ pub const CURVES: &str = "X25519MLKEM768:X25519:P-256";
 pub const ALPN_H2: &[u8] = b"h2";
 pub const ALPN_HTTP1: &[u8] = b"http/1.1";
 
-fn common(b: &mut SslContextBuilder, id: &Identity) -> Result<(), String> {
-    let e = |what: &str, err: boring::error::ErrorStack| format!("{what}: {err}");
+fn common(b: &mut SslContextBuilder, id: &Identity) -> Result<(), IdentityError> {
+    let e = IdentityError::tls;
     b.set_min_proto_version(Some(SslVersion::TLS1_2))
-        .map_err(|x| e("min version", x))?;
+        .map_err(e("min version"))?;
     b.set_max_proto_version(Some(SslVersion::TLS1_3))
-        .map_err(|x| e("max version", x))?;
-    b.set_curves_list(CURVES).map_err(|x| e("curves", x))?;
-    b.set_certificate(&id.chain[0])
-        .map_err(|x| e("certificate", x))?;
+        .map_err(e("max version"))?;
+    b.set_curves_list(CURVES).map_err(e("curves"))?;
+    b.set_certificate(&id.chain[0]).map_err(e("certificate"))?;
     for extra in &id.chain[1..] {
-        b.add_extra_chain_cert(extra.clone())
-            .map_err(|x| e("chain", x))?;
+        b.add_extra_chain_cert(extra.clone()).map_err(e("chain"))?;
     }
-    b.set_private_key(&id.key).map_err(|x| e("key", x))?;
-    b.check_private_key().map_err(|x| e("key", x))?;
-    let mut store = X509StoreBuilder::new().map_err(|x| e("store", x))?;
+    b.set_private_key(&id.key).map_err(e("key"))?;
+    b.check_private_key().map_err(e("key"))?;
+    let mut store = X509StoreBuilder::new().map_err(e("store"))?;
     for ca in &id.ca {
-        store
-            .add_cert(ca.clone())
-            .map_err(|x| e("trust bundle", x))?;
+        store.add_cert(ca.clone()).map_err(e("trust bundle"))?;
     }
     b.set_cert_store(store.build());
     Ok(())
 }
 
-/// The acceptor for one inbound chain protocol. The client certificate is required, must chain
-/// to the bundle and must carry a SPIFFE id in `trust_domain`.
-pub fn acceptor(id: &Identity, trust_domain: &str, proto: Protocol) -> Result<SslAcceptor, String> {
+/// Which ALPN protocol a server context agrees to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerAlpn {
+    /// Only this protocol; a client that does not offer it gets no ALPN.
+    Only(&'static [u8]),
+    /// The client's first choice of h2 and http/1.1.
+    ClientFirst,
+    /// No ALPN at all (raw TCP chains).
+    Refuse,
+}
+
+/// The acceptor for one served port. The client certificate is required, must chain to the
+/// bundle and must carry a SPIFFE id in `trust_domain`.
+pub fn acceptor(
+    id: &Identity,
+    trust_domain: &str,
+    port: u16,
+    alpn: ServerAlpn,
+) -> Result<SslAcceptor, IdentityError> {
     let mut b = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls())
-        .map_err(|e| format!("acceptor: {e}"))?;
+        .map_err(IdentityError::tls("acceptor"))?;
     common(&mut b, id)?;
     let td = trust_domain.to_string();
     b.set_verify_callback(
@@ -72,24 +85,20 @@ pub fn acceptor(id: &Identity, trust_domain: &str, proto: Protocol) -> Result<Ss
             }
         },
     );
-    b.set_alpn_select_callback(move |_, client| select_alpn(proto, client));
-    // Resumption with a required client certificate needs a session context; one per chain
-    // protocol, so a session never crosses into a chain with other rules.
-    b.set_session_id_context(format!("aether-{proto:?}").as_bytes())
-        .map_err(|e| format!("session id context: {e}"))?;
+    b.set_alpn_select_callback(move |_, client| select_alpn(alpn, client));
+    // Resumption with a required client certificate needs a session context; one per port,
+    // so a session never crosses into a chain with other rules.
+    b.set_session_id_context(format!("aether-port-{port}").as_bytes())
+        .map_err(IdentityError::tls("session id context"))?;
     Ok(b.build())
 }
 
-/// Server-side ALPN by chain: `h2` chains only take h2, `http1` only http/1.1, `auto` the
-/// client's first choice of the two, `tcp` nothing.
-pub fn select_alpn(proto: Protocol, client: &[u8]) -> Result<&[u8], AlpnError> {
-    let want = |p: &[u8]| p == ALPN_H2 || p == ALPN_HTTP1;
-    let offered = AlpnIter(client);
-    let pick = match proto {
-        Protocol::H2 => AlpnIter(client).find(|p| *p == ALPN_H2),
-        Protocol::Http1 => AlpnIter(client).find(|p| *p == ALPN_HTTP1),
-        Protocol::Auto => offered.into_iter().find(|p| want(p)),
-        Protocol::Tcp => None,
+/// Server-side ALPN: picks from the client's list (wire format) by the server's policy.
+pub fn select_alpn(alpn: ServerAlpn, client: &[u8]) -> Result<&[u8], AlpnError> {
+    let pick = match alpn {
+        ServerAlpn::Only(want) => AlpnIter(client).find(|p| *p == want),
+        ServerAlpn::ClientFirst => AlpnIter(client).find(|p| *p == ALPN_H2 || *p == ALPN_HTTP1),
+        ServerAlpn::Refuse => None,
     };
     pick.ok_or(AlpnError::NOACK)
 }
@@ -160,8 +169,8 @@ pub struct Client {
 /// The client context for one client identity. The peer chain is verified against the bundle
 /// during a full handshake; the caller pins the peer's SPIFFE id afterwards, on resumed
 /// connections too (`san::has_uri_san` on the session's peer certificate).
-pub fn connector(id: &Identity) -> Result<Client, String> {
-    let mut b = SslConnector::builder(SslMethod::tls()).map_err(|e| format!("connector: {e}"))?;
+pub fn connector(id: &Identity) -> Result<Client, IdentityError> {
+    let mut b = SslConnector::builder(SslMethod::tls()).map_err(IdentityError::tls("connector"))?;
     common(&mut b, id)?;
     b.set_verify(SslVerifyMode::PEER);
     let sessions = Arc::new(Sessions::default());

@@ -3,61 +3,78 @@
 //! `h2`, HTTP/1.1 for `http1`, the arriving protocol for `auto`).
 
 use std::convert::Infallible;
+use std::net::IpAddr;
 use std::sync::Arc;
 
-use http::{HeaderValue, Request, Response, Version};
+use http::{HeaderValue, Request, Response};
 use http_body_util::Either;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use super::chain::Chain;
-use super::{Inbound, Peer, TlsStream};
-use crate::accesslog::{Decided, RequestLog};
-use crate::body::{self, Metered, ReqBody, RespBody};
-use crate::config::Protocol;
-use crate::drain::Phase;
-use crate::errors::Reason;
-use crate::headers;
-use crate::http_server::{serve_until_drained, ConnRequests, RequestOpen, Timed};
-use crate::identity::tls::ALPN_H2;
+use super::chain::{Chain, HttpCodec};
+use super::peer::{Peer, TlsStream};
+use crate::accesslog::{self, Decided, RequestLog};
+use crate::drain::{Drain, Phase};
+use crate::http::answer::Reason;
+use crate::http::body::{Metered, ReqBody, RespBody};
+use crate::http::headers;
+use crate::http::server::{serve_until_drained, ConnRequests, RequestOpen, Servers, Timed};
+use crate::identity::SpiffeId;
 use crate::metrics::Direction;
-use crate::pool::{self, Conn, SendError, StreamGuard};
+use crate::outbound::pool::{self, Conn, Pool, SendError, StreamGuard};
 
-pub async fn serve(inbound: Arc<Inbound>, chain: Chain, peer: Peer, own_id: &str, tls: TlsStream) {
-    let h2_alpn = tls.ssl().selected_alpn_protocol() == Some(ALPN_H2);
-    let no_alpn = tls.ssl().selected_alpn_protocol().is_none();
-    let conn = Arc::new(ConnCtx {
-        xfcc: headers::xfcc_value(own_id, &peer.cert_hash, &peer.spiffe_id),
-        chain,
-        peer,
-    });
-    let proto = conn.chain.protocol;
-    let drain = inbound.drain.clone();
-    let requests = Arc::new(ConnRequests::default());
-    let svc = {
-        let inbound = inbound.clone();
-        let requests = requests.clone();
-        service_fn(move |req| {
-            let open = requests.start();
-            let inbound = inbound.clone();
-            let conn = conn.clone();
-            async move { Ok::<_, Infallible>(inbound.request(req, &conn, open).await) }
-        })
-    };
-    let io = TokioIo::new(Timed::new(tls, requests.clone()));
-    let s = &inbound.servers;
-    let result = match proto {
-        Protocol::H2 => serve_until_drained!(s.h2.serve_connection(io, svc), drain, requests),
-        Protocol::Http1 => serve_until_drained!(s.h1.serve_connection(io, svc), drain, requests),
-        _ if h2_alpn => serve_until_drained!(s.h2.serve_connection(io, svc), drain, requests),
-        _ if !no_alpn => serve_until_drained!(s.h1.serve_connection(io, svc), drain, requests),
-        // No ALPN on an auto chain: sniff the HTTP/2 preface.
-        _ => serve_until_drained!(s.auto.serve_connection(io, svc), drain, requests),
-    };
-    if let Err(e) = result {
-        tracing::debug!("inbound http connection ended: {e}");
+/// What every HTTP chain shares: the app it forwards to and the servers it speaks with.
+pub struct HttpChains {
+    pub app_host: IpAddr,
+    /// Pooled connections to the local app, keyed by (port, h2).
+    pub app_pool: Arc<Pool<(u16, bool)>>,
+    pub servers: Servers,
+    pub drain: Drain,
+    /// `service` label for metrics: this workload's service account.
+    pub service_label: String,
+}
+
+impl HttpChains {
+    /// Serves one peer connection on an HTTP chain with `codec`.
+    pub async fn serve(
+        self: Arc<Self>,
+        codec: HttpCodec,
+        chain: Chain,
+        peer: Peer,
+        own_id: &SpiffeId,
+        tls: TlsStream,
+    ) {
+        let conn = Arc::new(ConnCtx {
+            xfcc: headers::xfcc_value(own_id.as_str(), &peer.cert_hash, peer.spiffe_id.as_str()),
+            chain,
+            peer,
+        });
+        let drain = self.drain.clone();
+        let requests = Arc::new(ConnRequests::default());
+        let svc = {
+            let this = self.clone();
+            let requests = requests.clone();
+            service_fn(move |req| {
+                let open = requests.start();
+                let this = this.clone();
+                let conn = conn.clone();
+                async move { Ok::<_, Infallible>(this.request(req, &conn, open).await) }
+            })
+        };
+        let io = TokioIo::new(Timed::new(tls, requests.clone()));
+        let s = &self.servers;
+        let result = match codec {
+            HttpCodec::H2 => serve_until_drained!(s.h2.serve_connection(io, svc), drain, requests),
+            HttpCodec::H1 => serve_until_drained!(s.h1.serve_connection(io, svc), drain, requests),
+            HttpCodec::Sniff => {
+                serve_until_drained!(s.auto.serve_connection(io, svc), drain, requests)
+            }
+        };
+        if let Err(e) = result {
+            tracing::debug!("inbound http connection ended: {e}");
+        }
     }
 }
 
@@ -67,7 +84,7 @@ struct ConnCtx {
     xfcc: HeaderValue,
 }
 
-impl Inbound {
+impl HttpChains {
     async fn request(
         &self,
         mut req: Request<Incoming>,
@@ -113,7 +130,7 @@ impl Inbound {
             service: self.service_label.clone(),
             port: conn.chain.port,
         };
-        body::finish_with(resp, log, decided, (stream, open.answered()))
+        accesslog::finish_with(resp, log, decided, (stream, open.answered()))
     }
 
     async fn forward(
@@ -133,11 +150,7 @@ impl Inbound {
         headers::strip_hop_by_hop(h);
         // Only this proxy may speak for the peer's certificate.
         h.insert(headers::XFCC, conn.xfcc.clone());
-        let to_h2 = match conn.chain.protocol {
-            Protocol::H2 => true,
-            Protocol::Http1 => false,
-            _ => req.version() == Version::HTTP_2,
-        };
+        let to_h2 = conn.chain.to_app_h2(req.version());
         let port = conn.chain.port;
         let fallback;
         let authority = if authority.is_empty() {

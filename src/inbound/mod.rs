@@ -1,14 +1,17 @@
-//! The inbound side: mTLS on :15008, the chain chosen from the ClientHello's SNI before the
-//! handshake (`chain.rs`), then forwarded in the chain's protocol to `app_host:<port>`
-//! (`http.rs` for HTTP chains, `tcp.rs` for raw TCP).
+//! The inbound side: mTLS on :15008. For each connection, in order: the ClientHello is read
+//! before any TLS state exists (`clienthello/`), its SNI picks the port's chain (`chain.rs`), the
+//! handshake runs with that port's own TLS context, the peer is identified (`peer.rs`), and the
+//! chain's server forwards to `app_host:<port>` (`http.rs` for HTTP chains, `tcp.rs` for raw
+//! TCP).
 
 pub mod chain;
 pub mod clienthello;
 pub mod http;
+pub mod peer;
 pub mod prefixed;
 pub mod tcp;
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,12 +19,15 @@ use bytes::BytesMut;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::config::{Config, Protocol};
-use crate::drain::{accept_until_closing, Drain};
-use crate::identity::{san, IdentityStore};
+use crate::config::Config;
+use crate::drain::{accept_until_closing, Drain, Tracker};
+use crate::http::server::Servers;
+use crate::identity::IdentityStore;
 use crate::metrics;
-use crate::pool::Pool;
-use chain::Chains;
+use crate::outbound::pool::Pool;
+use chain::{Chains, Server};
+use http::HttpChains;
+use peer::Peer;
 use prefixed::Prefixed;
 
 /// How long a client may take to send its ClientHello (slow or silent clients are cut off).
@@ -32,29 +38,14 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// A fatal TLS alert record, `unrecognized_name` (112), sent before any TLS state exists.
 const ALERT_UNRECOGNIZED_NAME: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x70];
 
-pub type TlsStream = tokio_boring::SslStream<Prefixed<TcpStream>>;
-
 /// Everything the inbound listener needs, built once at start-up.
 pub struct Inbound {
     pub chains: Chains,
-    pub app_host: IpAddr,
     pub trust_domain: String,
     pub identity: Arc<IdentityStore>,
     pub drain: Drain,
-    pub tracker: crate::drain::Tracker,
-    /// Pooled connections to the local app, keyed by (port, h2).
-    pub app_pool: Arc<Pool<(u16, bool)>>,
-    pub servers: crate::http_server::Servers,
-    /// `service` label for metrics: this workload's service account.
-    pub service_label: String,
-}
-
-/// The verified peer of one inbound connection.
-pub struct Peer {
-    pub addr: SocketAddr,
-    pub spiffe_id: String,
-    /// Lower-case hex SHA-256 of the peer's leaf DER.
-    pub cert_hash: String,
+    pub tracker: Tracker,
+    pub http: Arc<HttpChains>,
 }
 
 impl Inbound {
@@ -62,27 +53,33 @@ impl Inbound {
         cfg: &Config,
         identity: Arc<IdentityStore>,
         drain: Drain,
-        tracker: crate::drain::Tracker,
+        tracker: Tracker,
     ) -> Inbound {
-        let own = identity.current().identity.spiffe_id.clone();
-        let service_label = own.rsplit('/').next().unwrap_or_default().to_string();
-        let app_pool = Pool::new();
+        let service_label = identity
+            .current()
+            .identity
+            .spiffe_id
+            .last_segment()
+            .to_string();
         Inbound {
             chains: Chains::new(&cfg.inbound),
-            app_host: cfg.inbound.app_host,
             trust_domain: cfg.trust_domain.clone(),
             identity,
+            http: Arc::new(HttpChains {
+                app_host: cfg.inbound.app_host,
+                app_pool: Pool::new(),
+                servers: Servers::new(),
+                drain: drain.clone(),
+                service_label,
+            }),
             drain,
             tracker,
-            app_pool,
-            servers: crate::http_server::Servers::new(),
-            service_label,
         }
     }
 
     /// Accepts until the drain closes the listener.
     pub async fn serve(self: Arc<Self>, listener: TcpListener) {
-        self.app_pool.spawn_sweeper();
+        self.http.app_pool.spawn_sweeper();
         let (drain, tracker) = (self.drain.clone(), self.tracker.clone());
         accept_until_closing("inbound", listener, &drain, &tracker, |tcp, addr| {
             self.clone().connection(tcp, addr)
@@ -102,20 +99,21 @@ impl Inbound {
                 return;
             }
         };
-        let Some(chain) = self.chains.select(hello.sni.as_deref()) else {
+        let contexts = self.identity.current();
+        let selected = self
+            .chains
+            .select(hello.sni.as_deref())
+            .and_then(|c| Some((c, contexts.acceptor(c.port)?)));
+        let Some((chain, acceptor)) = selected else {
             tracing::debug!(%addr, sni = ?hello.sni, "inbound: SNI names a port this pod does not serve");
             metrics::get().handshake("inbound", false);
             let _ = tcp.write_all(&ALERT_UNRECOGNIZED_NAME).await;
             let _ = tcp.shutdown().await;
             return;
         };
-        let contexts = self.identity.current();
         let io = Prefixed::new(buf.freeze(), tcp);
-        let accepted = tokio::time::timeout(
-            HANDSHAKE_TIMEOUT,
-            tokio_boring::accept(contexts.acceptor(chain.protocol), io),
-        )
-        .await;
+        let accepted =
+            tokio::time::timeout(HANDSHAKE_TIMEOUT, tokio_boring::accept(acceptor, io)).await;
         let tls = match accepted {
             Ok(Ok(tls)) => tls,
             Ok(Err(e)) => {
@@ -130,22 +128,19 @@ impl Inbound {
             }
         };
         metrics::get().handshake("inbound", true);
-        // The verify callback already insisted on a SPIFFE id in the trust domain.
-        let Some(der) = tls.ssl().peer_certificate().and_then(|c| c.to_der().ok()) else {
+        let Some(peer) = Peer::of(&tls, addr, &self.trust_domain) else {
             return;
-        };
-        let Some(spiffe_id) = san::spiffe_id_in(&der, &self.trust_domain) else {
-            return;
-        };
-        let peer = Peer {
-            addr,
-            spiffe_id,
-            cert_hash: san::der_sha256_hex(&der),
         };
         let chain = chain.clone();
-        match chain.protocol {
-            Protocol::Tcp => tcp::forward(&self, &chain, &peer, tls).await,
-            _ => http::serve(self.clone(), chain, peer, &contexts.identity.spiffe_id, tls).await,
+        match chain.server(tls.ssl().selected_alpn_protocol()) {
+            Server::Tcp => tcp::forward(self.http.app_host, &chain, &peer, tls).await,
+            Server::Http(codec) => {
+                let own_id = &contexts.identity.spiffe_id;
+                self.http
+                    .clone()
+                    .serve(codec, chain, peer, own_id, tls)
+                    .await
+            }
         }
     }
 }

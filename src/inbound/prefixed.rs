@@ -80,7 +80,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inbound::clienthello::{self, SniKind};
+    use crate::inbound::chain::{classify_sni, SniKind};
+    use crate::inbound::clienthello;
     use boring::pkey::PKey;
     use boring::ssl::{select_next_proto, AlpnError, NameType, SslAcceptor, SslConnector};
     use boring::ssl::{SslMethod, SslVerifyMode};
@@ -173,10 +174,7 @@ mod tests {
             .unwrap();
         assert_eq!(hello.sni.as_deref(), Some("9090"));
         assert_eq!(hello.alpn, vec![b"http/1.1".to_vec(), b"h2".to_vec()]);
-        assert_eq!(
-            clienthello::classify_sni(hello.sni.as_deref()),
-            SniKind::Port(9090)
-        );
+        assert_eq!(classify_sni(hello.sni.as_deref()), SniKind::Port(9090));
 
         let replayed = Prefixed::new(buf.freeze(), tcp);
         let mut tls = tokio_boring::accept(&acceptor, replayed).await.unwrap();

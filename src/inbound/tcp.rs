@@ -3,16 +3,18 @@
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use super::chain::Chain;
-use super::{Inbound, Peer, TlsStream};
+use std::net::IpAddr;
 
-pub async fn forward(inbound: &Inbound, chain: &Chain, peer: &Peer, mut tls: TlsStream) {
+use super::chain::Chain;
+use super::peer::{Peer, TlsStream};
+
+pub async fn forward(app_host: IpAddr, chain: &Chain, peer: &Peer, mut tls: TlsStream) {
     if !chain.allows(&peer.spiffe_id) {
         tracing::info!(peer = %peer.spiffe_id, port = chain.port, "inbound tcp: identity not allowed; closing");
         let _ = tls.shutdown().await;
         return;
     }
-    let mut app = match TcpStream::connect((inbound.app_host, chain.port)).await {
+    let mut app = match TcpStream::connect((app_host, chain.port)).await {
         Ok(s) => s,
         Err(e) => {
             tracing::info!(

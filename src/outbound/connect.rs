@@ -2,31 +2,78 @@
 //! peer's identity is pinned (the service's SPIFFE id). The two are separate values on purpose:
 //! the SNI routes on the server proxy, the pin says who it must be.
 
-use std::net::SocketAddr;
+use std::collections::HashSet;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 
+use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use crate::errors::Reason;
+use super::cluster::Cluster;
+use super::pool::{self, Conn, Pool};
+use crate::config::Config;
+use crate::http::answer::Reason;
 use crate::identity::san;
-use crate::identity::tls::{session_key_index, Client};
+use crate::identity::tls::{alpn_wire, session_key_index, Client, ALPN_H2};
+use crate::identity::{IdentityStore, SpiffeId};
 use crate::metrics;
 
 pub type UpstreamTls = tokio_boring::SslStream<TcpStream>;
 
-#[derive(Debug)]
+/// Why an upstream connection could not be used. Each variant says which step failed; the io
+/// error kind is kept where there is one.
+#[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
-    /// TCP or TLS failed, or took longer than the connect timeout.
-    Failed(String),
+    #[error("connect {addr}: {source}")]
+    Tcp { addr: SocketAddr, source: io::Error },
+    #[error("tls setup: {0}")]
+    Setup(#[source] boring::error::ErrorStack),
+    #[error("tls handshake with {addr}: {detail}")]
+    Tls {
+        addr: SocketAddr,
+        detail: String,
+        io: Option<io::ErrorKind>,
+    },
+    #[error("connect {addr}: timed out after {after:?}")]
+    Timeout { addr: SocketAddr, after: Duration },
     /// The peer proved an identity other than the service's.
-    Identity { got: Vec<String> },
+    #[error("{addr} is not {expected}: its certificate names {got:?}")]
+    Identity {
+        addr: SocketAddr,
+        expected: SpiffeId,
+        got: Vec<String>,
+    },
+    #[error("{protocol} handshake with {addr}: {source}")]
+    Http {
+        addr: SocketAddr,
+        protocol: &'static str,
+        source: hyper::Error,
+    },
 }
 
 impl ConnectError {
     pub fn reason(&self) -> Reason {
         match self {
-            ConnectError::Failed(_) => Reason::UpstreamConnectFailure,
             ConnectError::Identity { .. } => Reason::UpstreamIdentityMismatch,
+            ConnectError::Tcp { .. }
+            | ConnectError::Setup(_)
+            | ConnectError::Tls { .. }
+            | ConnectError::Timeout { .. }
+            | ConnectError::Http { .. } => Reason::UpstreamConnectFailure,
+        }
+    }
+
+    /// The io error kind behind the failure, when the failure was an io error.
+    pub fn io_kind(&self) -> Option<io::ErrorKind> {
+        match self {
+            ConnectError::Tcp { source, .. } => Some(source.kind()),
+            ConnectError::Tls { io, .. } => *io,
+            ConnectError::Timeout { .. } => Some(io::ErrorKind::TimedOut),
+            ConnectError::Setup(_) | ConnectError::Identity { .. } | ConnectError::Http { .. } => {
+                None
+            }
         }
     }
 }
@@ -39,18 +86,15 @@ pub async fn connect(
     addr: SocketAddr,
     port: u16,
     alpn: Option<&[u8]>,
-    identity: &str,
+    identity: &SpiffeId,
     timeout: Duration,
 ) -> Result<UpstreamTls, ConnectError> {
     let attempt = async {
         let tcp = TcpStream::connect(addr)
             .await
-            .map_err(|e| ConnectError::Failed(format!("connect {addr}: {e}")))?;
+            .map_err(|source| ConnectError::Tcp { addr, source })?;
         let _ = tcp.set_nodelay(true);
-        let mut cfg = client
-            .ctx
-            .configure()
-            .map_err(|e| ConnectError::Failed(format!("tls setup: {e}")))?;
+        let mut cfg = client.ctx.configure().map_err(ConnectError::Setup)?;
         let key = (addr, port);
         cfg.set_ex_data(session_key_index(), key);
         if let Some(session) = client.sessions.get(&key) {
@@ -63,14 +107,17 @@ pub async fn connect(
         cfg.set_use_server_name_indication(true);
         cfg.set_verify_hostname(false);
         if let Some(alpn) = alpn {
-            cfg.set_alpn_protos(alpn)
-                .map_err(|e| ConnectError::Failed(format!("alpn: {e}")))?;
+            cfg.set_alpn_protos(alpn).map_err(ConnectError::Setup)?;
         }
         let sni = port.to_string();
         let tls = tokio_boring::connect(cfg, &sni, tcp).await.map_err(|e| {
             metrics::get().handshake("outbound", false);
             client.sessions.forget(&key);
-            ConnectError::Failed(format!("tls handshake with {addr}: {e}"))
+            ConnectError::Tls {
+                addr,
+                io: e.as_io_error().map(io::Error::kind),
+                detail: e.to_string(),
+            }
         })?;
         metrics::get().handshake("outbound", true);
         let der = tls
@@ -81,6 +128,8 @@ pub async fn connect(
         if !san::has_uri_san(&der, identity) {
             client.sessions.forget(&key);
             return Err(ConnectError::Identity {
+                addr,
+                expected: identity.clone(),
                 got: san::spiffe_ids(&der),
             });
         }
@@ -88,8 +137,128 @@ pub async fn connect(
     };
     match tokio::time::timeout(timeout, attempt).await {
         Ok(r) => r,
-        Err(_) => Err(ConnectError::Failed(format!(
-            "connect {addr}: timed out after {timeout:?}"
-        ))),
+        Err(_) => Err(ConnectError::Timeout {
+            addr,
+            after: timeout,
+        }),
+    }
+}
+
+/// What makes two upstream connections interchangeable.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PoolKey {
+    pub endpoint: SocketAddr,
+    /// The app port, sent as SNI.
+    pub port: u16,
+    /// The ALPN order offered (the calling app's protocol first).
+    pub h2_first: bool,
+    /// The app's source address when it has its own client identity.
+    pub source: Option<IpAddr>,
+    /// The identity the peer was verified against: a connection pinned for one service never
+    /// carries another service's requests, even to the same endpoint and port.
+    pub identity: SpiffeId,
+}
+
+/// The outbound side's way to upstreams: the client identities and the pool of mTLS
+/// connections they made.
+pub struct Upstream {
+    pub identity: Arc<IdentityStore>,
+    pub pool: Arc<Pool<PoolKey>>,
+    sources_with_identity: HashSet<IpAddr>,
+}
+
+impl Upstream {
+    pub fn new(cfg: &Config, identity: Arc<IdentityStore>) -> Upstream {
+        Upstream {
+            identity,
+            pool: Pool::new(),
+            sources_with_identity: cfg.source_identities.iter().map(|s| s.source).collect(),
+        }
+    }
+
+    /// The pool key for a request from `src` to `endpoint` of `cluster`.
+    pub fn key(
+        &self,
+        cluster: &Cluster,
+        endpoint: SocketAddr,
+        h2_first: bool,
+        src: IpAddr,
+    ) -> PoolKey {
+        PoolKey {
+            endpoint,
+            port: cluster.port,
+            h2_first,
+            source: self.source_key(src),
+            identity: cluster.service.identity.clone(),
+        }
+    }
+
+    /// The app's source address when it has its own client identity.
+    fn source_key(&self, src: IpAddr) -> Option<IpAddr> {
+        self.sources_with_identity.contains(&src).then_some(src)
+    }
+
+    /// A raw mTLS connection (no ALPN) for a CONNECT tunnel.
+    pub async fn connect_tcp(
+        &self,
+        cluster: &Cluster,
+        endpoint: SocketAddr,
+        src: IpAddr,
+    ) -> Result<UpstreamTls, ConnectError> {
+        let svc = &cluster.service;
+        let contexts = self.identity.current();
+        connect(
+            contexts.connector_for(self.source_key(src)),
+            endpoint,
+            cluster.port,
+            None,
+            &svc.identity,
+            svc.connect_timeout,
+        )
+        .await
+    }
+
+    /// A new HTTP connection for `key`, in the protocol the server chose by ALPN. A new HTTP/2
+    /// connection joins the pool at once (the caller's request is its first stream).
+    pub async fn connect_http(
+        &self,
+        key: &PoolKey,
+        cluster: &Cluster,
+    ) -> Result<Conn, ConnectError> {
+        let svc = &cluster.service;
+        let addr = key.endpoint;
+        let contexts = self.identity.current();
+        let tls = connect(
+            contexts.connector_for(key.source),
+            addr,
+            key.port,
+            Some(alpn_wire(key.h2_first)),
+            &svc.identity,
+            svc.connect_timeout,
+        )
+        .await?;
+        let io = TokioIo::new(tls);
+        if io.inner().ssl().selected_alpn_protocol() == Some(ALPN_H2) {
+            let s = pool::handshake_h2(io)
+                .await
+                .map_err(|source| ConnectError::Http {
+                    addr,
+                    protocol: "h2",
+                    source,
+                })?;
+            let stream = self
+                .pool
+                .put_h2(key.clone(), s.clone(), svc.max_requests_per_connection);
+            Ok(Conn::H2(s, stream))
+        } else {
+            let s = pool::handshake_h1(io)
+                .await
+                .map_err(|source| ConnectError::Http {
+                    addr,
+                    protocol: "h1",
+                    source,
+                })?;
+            Ok(Conn::H1(s, 0))
+        }
     }
 }

@@ -1,6 +1,7 @@
-//! Upstream connection pools: one multiplexed HTTP/2 connection per key, and a keep-alive list
+//! Upstream connection pools: multiplexed HTTP/2 connections per key, and a keep-alive list
 //! of idle HTTP/1.1 connections per key. The key says everything that makes two connections
-//! interchangeable (for the outbound side: endpoint, SNI port, negotiated protocol, client cert).
+//! interchangeable (for the outbound side, `connect::PoolKey`: endpoint, SNI port, negotiated
+//! protocol, client cert, pinned identity). The inbound side pools its app connections here too.
 //!
 //! The lock guards only the map; it is never held across an `.await`.
 
@@ -10,13 +11,15 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::body::ReqBody;
 use hyper::client::conn::{http1, http2};
 use hyper::rt::{Read, Write};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-/// Idle upstream connections close after this long (SPEC section 8).
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+use crate::http::body::ReqBody;
+use crate::http::limits::{
+    H2_CONNECTION_WINDOW, H2_KEEPALIVE, H2_MAX_FRAME, H2_STREAM_WINDOW,
+    UPSTREAM_IDLE_TIMEOUT as IDLE_TIMEOUT,
+};
 
 pub type H1 = http1::SendRequest<ReqBody>;
 pub type H2 = http2::SendRequest<ReqBody>;
@@ -240,10 +243,10 @@ where
 {
     let (send, conn) = http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
-        .initial_stream_window_size(16 << 20)
-        .initial_connection_window_size(24 << 20)
-        .max_frame_size(64 << 10)
-        .keep_alive_interval(Duration::from_secs(60))
+        .initial_stream_window_size(H2_STREAM_WINDOW)
+        .initial_connection_window_size(H2_CONNECTION_WINDOW)
+        .max_frame_size(H2_MAX_FRAME)
+        .keep_alive_interval(H2_KEEPALIVE)
         .keep_alive_while_idle(false)
         .handshake(io)
         .await?;

@@ -3,8 +3,8 @@
 
 use http::HeaderMap;
 
-use crate::catalog::{Catalog, Labels, PortProtocol, Service};
-use crate::errors::Reason;
+use crate::catalog::{Catalog, Labels, PortProtocol, RouteTarget, Service};
+use crate::http::answer::Reason;
 
 /// A mesh authority: `<service>.<mesh_domain>[:<port>]`, host lower-cased.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,22 +122,23 @@ pub fn choose_subset<'s>(
     for route in &service.routes {
         if let Some(m) = &route.matches {
             let hit = headers
-                .get_all(m.header.as_str())
+                .get_all(&m.header)
                 .iter()
                 .any(|v| v.as_bytes() == m.value.as_bytes());
             if !hit {
                 continue;
             }
         }
-        if let Some(subset) = &route.subset {
-            return Some(subset);
-        }
-        let total: u32 = route.split.iter().map(|w| w.weight).sum();
+        let split = match &route.target {
+            RouteTarget::Subset(subset) => return Some(subset),
+            RouteTarget::Split(split) => split,
+        };
+        let total: u32 = split.iter().map(|w| w.weight).sum();
         if total == 0 {
             continue;
         }
         let mut pick = roll % total;
-        for w in &route.split {
+        for w in split {
             if pick < w.weight {
                 return Some(&w.subset);
             }

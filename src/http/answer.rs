@@ -1,5 +1,5 @@
 //! The answers the proxy itself gives (SPEC section 7): a status, `x-aether-error: <reason>` and
-//! a one-line text body.
+//! a one-line text body. Every refusal on the request path is one of these `Reason`s.
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode};
@@ -61,7 +61,13 @@ impl Reason {
             Reason::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Reason::UpstreamProtocolError => StatusCode::BAD_GATEWAY,
             Reason::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
-            _ => StatusCode::SERVICE_UNAVAILABLE,
+            Reason::UnknownService
+            | Reason::PortNotExposed
+            | Reason::NoEndpoints
+            | Reason::NoHealthyUpstream
+            | Reason::UpstreamConnectFailure
+            | Reason::UpstreamIdentityMismatch
+            | Reason::AppUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 

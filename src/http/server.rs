@@ -5,23 +5,18 @@ use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
+use super::limits::{
+    DOWNSTREAM_IDLE_TIMEOUT, H2_CONNECTION_WINDOW, H2_MAX_CONCURRENT_STREAMS, H2_MAX_FRAME,
+    H2_MAX_LOCAL_ERROR_RESETS, H2_MAX_PENDING_ACCEPT_RESETS, H2_STREAM_WINDOW, HEADER_READ_TIMEOUT,
+    HYPER_MAX_BUF, HYPER_MAX_HEADERS,
+};
+
 /// Server builders, made once and shared by every connection.
 pub struct Servers {
     pub h1: hyper::server::conn::http1::Builder,
     pub h2: hyper::server::conn::http2::Builder<TokioExecutor>,
     pub auto: hyper_util::server::conn::auto::Builder<TokioExecutor>,
 }
-
-/// hyper's own hard limits, far above ours (100 headers, 60 KiB) so that our check, which
-/// answers with `x-aether-error: headers-too-large`, sees nearly every oversized request.
-/// Past these hyper answers a bare 431 (HTTP/1.1) or refuses the stream (HTTP/2).
-pub const HYPER_MAX_HEADERS: usize = 1024;
-pub const HYPER_MAX_BUF: usize = 1024 * 1024;
-
-/// Slow clients are cut off after this long without a complete header block.
-pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// Idle downstream connections close after this long (SPEC section 8).
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
 
 impl Servers {
     pub fn new() -> Servers {
@@ -40,13 +35,13 @@ impl Servers {
             .keep_alive(true);
         auto.http2()
             .timer(TokioTimer::new())
-            .max_concurrent_streams(1024)
-            .initial_stream_window_size(16 << 20)
-            .initial_connection_window_size(24 << 20)
-            .max_frame_size(64 << 10)
+            .max_concurrent_streams(H2_MAX_CONCURRENT_STREAMS)
+            .initial_stream_window_size(H2_STREAM_WINDOW)
+            .initial_connection_window_size(H2_CONNECTION_WINDOW)
+            .max_frame_size(H2_MAX_FRAME)
             .max_header_list_size(HYPER_MAX_BUF as u32)
-            .max_pending_accept_reset_streams(Some(200))
-            .max_local_error_reset_streams(Some(1024));
+            .max_pending_accept_reset_streams(Some(H2_MAX_PENDING_ACCEPT_RESETS))
+            .max_local_error_reset_streams(Some(H2_MAX_LOCAL_ERROR_RESETS));
         Servers { h1, h2, auto }
     }
 }
@@ -69,14 +64,14 @@ fn configure_h1(b: &mut hyper::server::conn::http1::Builder) {
 
 fn configure_h2(b: &mut hyper::server::conn::http2::Builder<TokioExecutor>) {
     b.timer(TokioTimer::new())
-        .max_concurrent_streams(1024)
-        .initial_stream_window_size(16 << 20)
-        .initial_connection_window_size(24 << 20)
-        .max_frame_size(64 << 10)
+        .max_concurrent_streams(H2_MAX_CONCURRENT_STREAMS)
+        .initial_stream_window_size(H2_STREAM_WINDOW)
+        .initial_connection_window_size(H2_CONNECTION_WINDOW)
+        .max_frame_size(H2_MAX_FRAME)
         .max_header_list_size(HYPER_MAX_BUF as u32)
         // Rapid reset (CVE-2023-44487): h2 closes connections that reset too many streams.
-        .max_pending_accept_reset_streams(Some(200))
-        .max_local_error_reset_streams(Some(1024));
+        .max_pending_accept_reset_streams(Some(H2_MAX_PENDING_ACCEPT_RESETS))
+        .max_local_error_reset_streams(Some(H2_MAX_LOCAL_ERROR_RESETS));
 }
 
 /// Serves one HTTP connection until it ends, is cut for rapid-reset abuse, or is finished
@@ -202,7 +197,12 @@ pub struct Timed<S> {
 
 impl<S> Timed<S> {
     pub fn new(inner: S, requests: std::sync::Arc<ConnRequests>) -> Timed<S> {
-        Timed::with_timeouts(inner, requests, HEADER_READ_TIMEOUT, IDLE_TIMEOUT)
+        Timed::with_timeouts(
+            inner,
+            requests,
+            HEADER_READ_TIMEOUT,
+            DOWNSTREAM_IDLE_TIMEOUT,
+        )
     }
 
     pub fn with_timeouts(

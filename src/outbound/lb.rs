@@ -4,11 +4,11 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use super::cluster::{Cluster, EndpointState};
+use super::route::labels_match;
 use crate::catalog::Labels;
-use crate::cluster::{Cluster, EndpointState};
 use crate::config::Locality;
-use crate::errors::Reason;
-use crate::routing::labels_match;
+use crate::http::answer::Reason;
 
 /// Envoy's overprovisioning factor: a priority keeps all traffic until its healthy share
 /// drops below 1/1.4 (~71%).
@@ -115,7 +115,7 @@ pub fn pick(
 mod tests {
     use super::*;
     use crate::catalog::{Catalog, CatalogStore};
-    use crate::cluster::{ActiveGuard, Clusters};
+    use crate::outbound::cluster::{ActiveGuard, Clusters};
     use std::collections::HashMap;
     use std::path::Path;
 

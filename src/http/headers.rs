@@ -76,8 +76,8 @@ pub fn retarget<B>(
     req: &mut http::Request<B>,
     to_h2: bool,
     authority: &str,
-) -> Result<(), crate::errors::Reason> {
-    use crate::errors::Reason;
+) -> Result<(), super::answer::Reason> {
+    use super::answer::Reason;
     let pq = req
         .uri()
         .path_and_query()

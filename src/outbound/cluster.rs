@@ -1,6 +1,8 @@
-//! Clusters: one per (service, port), materialized on first use from the current catalog and
-//! rebuilt from each new one. A cluster holds the endpoints that advertise its port; draining
-//! ones are kept (for `/clusters` and in-flight work) but never picked.
+//! Clusters: one per (service, port), materialized on first use from the current catalog. They
+//! follow the catalog store by version: the first look after a new catalog rebuilds every
+//! materialized cluster from it (endpoint counters carried over), so nothing has to tell them.
+//! A cluster holds the endpoints that advertise its port; draining ones are kept (for
+//! `/clusters` and in-flight work) but never picked.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -10,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 
-use crate::catalog::{CatalogStore, Endpoint, Labels, Service};
+use super::route::cluster_name;
+use crate::catalog::{Catalog, CatalogStore, Endpoint, Labels, Service};
 use crate::config::Locality;
 use crate::metrics;
 
@@ -145,8 +148,21 @@ impl Cluster {
     }
 }
 
-/// Materialized clusters by service, then port.
-type ClusterMap = HashMap<String, HashMap<u16, Arc<Cluster>>>;
+/// Materialized clusters by service, then port, built from catalog `version`.
+#[derive(Default, Clone)]
+struct ClusterMap {
+    version: u64,
+    by_service: HashMap<String, HashMap<u16, Arc<Cluster>>>,
+}
+
+impl ClusterMap {
+    fn lookup(&self, service: &str, port: u16) -> Option<Arc<Cluster>> {
+        self.by_service
+            .get(service)
+            .and_then(|ports| ports.get(&port))
+            .cloned()
+    }
+}
 
 /// The materialized clusters, read lock-free on the hot path.
 pub struct Clusters {
@@ -163,38 +179,45 @@ impl Clusters {
         Clusters {
             mesh_domain: mesh_domain.to_string(),
             catalog,
-            map: ArcSwap::from_pointee(HashMap::new()),
+            map: ArcSwap::from_pointee(ClusterMap::default()),
             build: Mutex::new(()),
             epoch: Instant::now(),
         }
     }
 
-    fn lookup(map: &ClusterMap, service: &str, port: u16) -> Option<Arc<Cluster>> {
-        map.get(service).and_then(|ports| ports.get(&port)).cloned()
-    }
-
-    /// The cluster for `service`/`port` (the caller already checked the port is exposed).
-    /// Builds read the catalog under the build lock, so a build racing a reload never leaves a
-    /// cluster made from the old catalog behind.
-    pub fn get_or_build(&self, service: &str, port: u16) -> Option<Arc<Cluster>> {
-        if let Some(c) = Self::lookup(&self.map.load(), service, port) {
-            return Some(c);
+    /// The cluster for `service`/`port`, for a request routed on `routed` (the caller already
+    /// checked the port is exposed there). Clusters are never older than the request's catalog:
+    /// a newer catalog rebuilds them first. Builds happen under the build lock, so concurrent
+    /// first requests build one cluster and a build never leaves a cluster of an old catalog.
+    pub fn get(&self, routed: &Catalog, service: &str, port: u16) -> Option<Arc<Cluster>> {
+        let map = self.map.load();
+        if map.version >= routed.version {
+            if let Some(c) = map.lookup(service, port) {
+                return Some(c);
+            }
         }
+        drop(map);
         let _guard = self.build.lock().unwrap_or_else(|e| e.into_inner());
-        let current = self.map.load_full();
-        if let Some(c) = Self::lookup(&current, service, port) {
+        let catalog = self.catalog.load();
+        let current = self.refreshed(&catalog);
+        if let Some(c) = current.lookup(service, port) {
             return Some(c);
         }
-        let catalog = self.catalog.load();
         let svc = catalog.services.get(service).filter(|s| s.exposes(port))?;
         let cluster = Arc::new(self.build_cluster(svc.clone(), port, None));
         tracing::info!(cluster = %cluster.name, endpoints = cluster.endpoints.len(), "cluster materialized");
         let mut next = (*current).clone();
-        next.entry(service.to_string())
+        next.by_service
+            .entry(service.to_string())
             .or_default()
             .insert(port, cluster.clone());
         self.map.store(Arc::new(next));
         Some(cluster)
+    }
+
+    /// `get` against the catalog in use now.
+    pub fn get_or_build(&self, service: &str, port: u16) -> Option<Arc<Cluster>> {
+        self.get(&self.catalog.load(), service, port)
     }
 
     fn build_cluster(&self, svc: Arc<Service>, port: u16, old: Option<&Cluster>) -> Cluster {
@@ -211,12 +234,7 @@ impl Clusters {
             })
             .collect();
         Cluster {
-            name: crate::routing::cluster_name(
-                &svc.name,
-                &self.mesh_domain,
-                port,
-                svc.default_port,
-            ),
+            name: cluster_name(&svc.name, &self.mesh_domain, port, svc.default_port),
             service: svc,
             port,
             endpoints,
@@ -224,14 +242,19 @@ impl Clusters {
         }
     }
 
-    /// Rebuilds every materialized cluster from the current catalog; clusters whose service or
-    /// port is gone are dropped. Endpoint state (outlier history, in-flight counts) carries over.
-    pub fn rebuild(&self) {
-        let _guard = self.build.lock().unwrap_or_else(|e| e.into_inner());
-        let catalog = self.catalog.load();
+    /// The map for `catalog`, rebuilt first (and stored) when it was built from an older one.
+    /// Clusters whose service or port is gone are dropped; endpoint state (outlier history,
+    /// in-flight counts) carries over. Called with the build lock held.
+    fn refreshed(&self, catalog: &Catalog) -> Arc<ClusterMap> {
         let current = self.map.load_full();
-        let mut next: ClusterMap = HashMap::new();
-        for (service, ports) in current.iter() {
+        if current.version >= catalog.version {
+            return current;
+        }
+        let mut next = ClusterMap {
+            version: catalog.version,
+            by_service: HashMap::new(),
+        };
+        for (service, ports) in current.by_service.iter() {
             for (port, old) in ports {
                 let rebuilt = catalog
                     .services
@@ -239,17 +262,26 @@ impl Clusters {
                     .filter(|s| s.exposes(*port))
                     .map(|s| Arc::new(self.build_cluster(s.clone(), *port, Some(old))));
                 if let Some(c) = rebuilt {
-                    next.entry(service.clone()).or_default().insert(*port, c);
+                    next.by_service
+                        .entry(service.clone())
+                        .or_default()
+                        .insert(*port, c);
                 }
             }
         }
-        self.map.store(Arc::new(next));
+        let next = Arc::new(next);
+        self.map.store(next.clone());
+        next
     }
 
+    /// Every materialized cluster, as of the catalog in use now.
     pub fn snapshot(&self) -> Vec<Arc<Cluster>> {
-        let mut v: Vec<_> = self
-            .map
-            .load()
+        let map = {
+            let _guard = self.build.lock().unwrap_or_else(|e| e.into_inner());
+            self.refreshed(&self.catalog.load())
+        };
+        let mut v: Vec<_> = map
+            .by_service
             .values()
             .flat_map(|p| p.values().cloned())
             .collect();
@@ -329,10 +361,9 @@ mod tests {
         let clusters = Clusters::new("aether.internal", catalog.clone());
         let old = clusters.get_or_build("payments", 8080).unwrap();
         let guard = ActiveGuard::new(old.endpoints[0].clone());
-        catalog.store(
+        catalog.apply(
             Catalog::parse(Path::new("c.yaml"), &endpoints(3, "[8080]"), "aether.local").unwrap(),
         );
-        clusters.rebuild();
         let new = clusters.get_or_build("payments", 8080).unwrap();
         assert!(!Arc::ptr_eq(&old, &new));
         assert_eq!(new.endpoints.len(), 3);
@@ -341,10 +372,9 @@ mod tests {
         drop(guard);
         assert_eq!(new.endpoints[0].active(), 0);
         // A service that lost the port loses the cluster.
-        catalog.store(
+        catalog.apply(
             Catalog::parse(Path::new("c.yaml"), &endpoints(1, "[9090]"), "aether.local").unwrap(),
         );
-        clusters.rebuild();
         assert!(clusters.snapshot().is_empty());
     }
 

@@ -91,24 +91,6 @@ impl<B> Drop for Metered<B> {
     }
 }
 
-/// Wraps a response so that, when its body ends, the request is logged and counted and
-/// `guard` (in-flight counters and the like) is released.
-pub fn finish_with<G: Send + Sync + 'static>(
-    resp: http::Response<Either<Incoming, Full<Bytes>>>,
-    log: crate::accesslog::RequestLog,
-    decided: crate::accesslog::Decided,
-    guard: G,
-) -> http::Response<RespBody> {
-    let sent = Arc::new(AtomicU64::new(0));
-    let counter = sent.clone();
-    resp.map(move |b| {
-        Metered::new(b, counter).on_end(Box::new(move |_clean| {
-            drop(guard);
-            log.finish(&decided, sent.load(Ordering::Relaxed));
-        }))
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,13 @@
+//! What the mesh knows about services and their pods: the model (`model.rs`), the store that
+//! holds the catalog in use (`store.rs`), and its sources: the catalog file (`file.rs`) today,
+//! the control plane (SPEC section 9) next. Every source produces the same validated model.
+
+pub mod file;
+pub mod model;
+pub mod store;
+
+pub use model::{
+    Catalog, Endpoint, HeaderMatch, Labels, PortProtocol, Route, RouteTarget, Service,
+    WeightedSubset, DEFAULT_INBOUND_PORT,
+};
+pub use store::CatalogStore;

@@ -1,0 +1,59 @@
+//! The catalog in use. Sources (the file today, the control plane next) hand a new validated
+//! catalog to [`CatalogStore::apply`]; readers take the current one lock-free, and whatever is
+//! derived from it (clusters, pooled connections, later DNS addresses) follows the version
+//! itself, so no caller orders reload steps by hand.
+
+use std::sync::Arc;
+
+use arc_swap::{ArcSwap, Guard};
+use tokio::sync::watch;
+
+use super::model::Catalog;
+
+pub struct CatalogStore {
+    current: ArcSwap<Catalog>,
+    /// The applied version, for whatever wants to hear of a change rather than check for one.
+    changed: watch::Sender<u64>,
+}
+
+impl CatalogStore {
+    /// A store holding `first` as version 1.
+    pub fn new(mut first: Catalog) -> CatalogStore {
+        first.version = 1;
+        CatalogStore {
+            current: ArcSwap::from_pointee(first),
+            changed: watch::Sender::new(1),
+        }
+    }
+
+    /// The current catalog: a request routes on one snapshot, never a mix of two.
+    pub fn load(&self) -> Guard<Arc<Catalog>> {
+        self.current.load()
+    }
+
+    /// The one entry point for a new catalog: it replaces the current one whole and gets the
+    /// next version. Returns that version.
+    pub fn apply(&self, mut next: Catalog) -> u64 {
+        let services = next.services.len();
+        // Sources apply from one thread each; the send_modify below orders concurrent ones.
+        let mut version = 0;
+        self.changed.send_modify(|v| {
+            *v += 1;
+            version = *v;
+            next.version = version;
+            self.current.store(Arc::new(next));
+        });
+        tracing::info!(version, services, "catalog reloaded");
+        version
+    }
+
+    /// Starts at 1 and grows by one per applied catalog.
+    pub fn version(&self) -> u64 {
+        self.current.load().version
+    }
+
+    /// Hears of every applied catalog (the latest version when several came at once).
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+}

@@ -1,0 +1,9 @@
+//! HTTP as both listeners speak it: server settings, limits and downstream timers
+//! (`server.rs`, `limits.rs`), metered bodies (`body.rs`), header rules (`headers.rs`), and the
+//! proxy's own error answers (`answer.rs`, SPEC section 7).
+
+pub mod answer;
+pub mod body;
+pub mod headers;
+pub mod limits;
+pub mod server;

@@ -1,0 +1,113 @@
+//! The identity in use: TLS contexts built from one consistent set of files, swapped whole on
+//! rotation. New connections take the current set; established ones keep the one they started
+//! with.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use boring::ssl::SslAcceptor;
+
+use super::tls::{self, ServerAlpn};
+use super::workload::{Identity, IdentityError};
+
+/// What an identity is built from: the files, the trust domain, and the ports served inbound
+/// (each gets its own server context).
+#[derive(Debug, Clone)]
+pub struct IdentitySpec {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+    pub trust_domain: String,
+    pub served: Vec<(u16, ServerAlpn)>,
+    /// Per-source client identities: (the app connection's source, cert, key).
+    pub sources: Vec<(IpAddr, PathBuf, PathBuf)>,
+}
+
+impl IdentitySpec {
+    /// Every file the identity is read from (watched for rotation).
+    pub fn files(&self) -> Vec<PathBuf> {
+        let mut v = vec![self.cert.clone(), self.key.clone(), self.ca.clone()];
+        for (_, cert, key) in &self.sources {
+            v.push(cert.clone());
+            v.push(key.clone());
+        }
+        v
+    }
+}
+
+/// Everything TLS needs for new connections, built from one consistent set of files.
+pub struct Contexts {
+    pub identity: Identity,
+    /// One server context per served port.
+    acceptors: HashMap<u16, SslAcceptor>,
+    pub connector: tls::Client,
+    /// Per-source client identities (`source_identities`), by the app connection's source.
+    pub source_connectors: HashMap<IpAddr, tls::Client>,
+}
+
+impl Contexts {
+    pub fn build(spec: &IdentitySpec) -> Result<Contexts, IdentityError> {
+        let td = &spec.trust_domain;
+        let identity = Identity::load(&spec.cert, &spec.key, &spec.ca, td)?;
+        let mut acceptors = HashMap::new();
+        for (port, alpn) in &spec.served {
+            acceptors.insert(*port, tls::acceptor(&identity, td, *port, *alpn)?);
+        }
+        let connector = tls::connector(&identity)?;
+        let mut source_connectors = HashMap::new();
+        for (source, cert, key) in &spec.sources {
+            let id = Identity::load(cert, key, &spec.ca, td)?;
+            source_connectors.insert(*source, tls::connector(&id)?);
+        }
+        Ok(Contexts {
+            identity,
+            acceptors,
+            connector,
+            source_connectors,
+        })
+    }
+
+    /// The server context of a served port.
+    pub fn acceptor(&self, port: u16) -> Option<&SslAcceptor> {
+        self.acceptors.get(&port)
+    }
+
+    /// The client context for an app connection from `source` (`None`: the workload's own).
+    pub fn connector_for(&self, source: Option<IpAddr>) -> &tls::Client {
+        source
+            .and_then(|s| self.source_connectors.get(&s))
+            .unwrap_or(&self.connector)
+    }
+}
+
+/// The current `Contexts`, swapped atomically on rotation.
+pub struct IdentityStore {
+    spec: IdentitySpec,
+    current: ArcSwap<Contexts>,
+}
+
+impl IdentityStore {
+    pub fn load(spec: IdentitySpec) -> Result<Arc<IdentityStore>, IdentityError> {
+        let current = ArcSwap::from_pointee(Contexts::build(&spec)?);
+        Ok(Arc::new(IdentityStore { spec, current }))
+    }
+
+    pub fn spec(&self) -> &IdentitySpec {
+        &self.spec
+    }
+
+    pub fn current(&self) -> Arc<Contexts> {
+        self.current.load_full()
+    }
+
+    /// Re-reads the files; on any error the previous identity stays in use.
+    pub fn reload(&self) -> Result<(), IdentityError> {
+        let next = Contexts::build(&self.spec)?;
+        tracing::info!(serial = %next.identity.serial, id = %next.identity.spiffe_id, "identity loaded");
+        self.current.store(Arc::new(next));
+        Ok(())
+    }
+}

@@ -1,0 +1,33 @@
+//! The verified peer of one inbound connection: who it is (its SPIFFE id, checked by the TLS
+//! verify callback) and the hash of its leaf for XFCC.
+
+use std::net::SocketAddr;
+
+use tokio::net::TcpStream;
+
+use super::prefixed::Prefixed;
+use crate::identity::{san, SpiffeId};
+
+/// The inbound TLS stream: the ClientHello bytes replayed, then the socket.
+pub type TlsStream = tokio_boring::SslStream<Prefixed<TcpStream>>;
+
+pub struct Peer {
+    pub addr: SocketAddr,
+    pub spiffe_id: SpiffeId,
+    /// Lower-case hex SHA-256 of the peer's leaf DER.
+    pub cert_hash: String,
+}
+
+impl Peer {
+    /// The peer of an established connection; `None` without a leaf carrying one SPIFFE id of
+    /// `trust_domain` (which the verify callback already insisted on).
+    pub fn of(tls: &TlsStream, addr: SocketAddr, trust_domain: &str) -> Option<Peer> {
+        let der = tls.ssl().peer_certificate()?.to_der().ok()?;
+        let spiffe_id = san::spiffe_id_in(&der, trust_domain)?;
+        Some(Peer {
+            addr,
+            spiffe_id,
+            cert_hash: san::der_sha256_hex(&der),
+        })
+    }
+}

@@ -1,0 +1,97 @@
+//! An HTTP request to a cluster: the subset, an endpoint, a pooled or new connection, retries
+//! of what was never sent, and the request timeout around all of it.
+
+use std::net::IpAddr;
+
+use http::{Request, Response, Version};
+use hyper::body::Incoming;
+
+use super::cluster::{ActiveGuard, Cluster};
+use super::connect::Upstream;
+use super::pool::{Conn, SendError, StreamGuard};
+use super::retry::{Tries, MAX_RETRIES};
+use super::route::choose_subset;
+use crate::config::Locality;
+use crate::http::answer::Reason;
+use crate::http::body::ReqBody;
+use crate::http::headers;
+
+/// What a request holds until its response body ends: its endpoint's in-flight count and its
+/// place on a multiplexed connection.
+pub struct InFlight {
+    pub active: ActiveGuard,
+    #[allow(dead_code)] // held for its Drop
+    stream: Option<StreamGuard>,
+}
+
+/// Sends `req` to `cluster`; the response comes with its hop-by-hop headers removed.
+pub async fn forward(
+    up: &Upstream,
+    locality: Option<&Locality>,
+    mut req: Request<ReqBody>,
+    cluster: &Cluster,
+    authority: &str,
+    src: IpAddr,
+) -> Result<(Response<Incoming>, InFlight), Reason> {
+    let h2_first = req.version() == Version::HTTP_2;
+    headers::strip_hop_by_hop(req.headers_mut());
+    let subset = choose_subset(&cluster.service, req.headers(), fastrand::u32(..)).cloned();
+    let tries = Tries::new(cluster, subset.as_ref(), locality);
+    let attempt = attempts(up, tries, req, cluster, authority, h2_first, src);
+    match tokio::time::timeout(cluster.service.request_timeout, attempt).await {
+        Ok(Ok((mut resp, inflight))) => {
+            headers::strip_hop_by_hop(resp.headers_mut());
+            Ok((resp, inflight))
+        }
+        Ok(Err(r)) => Err(r),
+        Err(_) => Err(Reason::UpstreamTimeout),
+    }
+}
+
+async fn attempts(
+    up: &Upstream,
+    mut tries: Tries<'_>,
+    req: Request<ReqBody>,
+    cluster: &Cluster,
+    authority: &str,
+    h2_first: bool,
+    src: IpAddr,
+) -> Result<(Response<Incoming>, InFlight), Reason> {
+    let max_uses = cluster.service.max_requests_per_connection;
+    let mut req = Some(req);
+    // One extra round for a pooled connection that turned out closed.
+    for _ in 0..=MAX_RETRIES + 1 {
+        let ep = tries.next()?;
+        let active = ActiveGuard::new(ep.clone());
+        let key = up.key(cluster, ep.address, h2_first, src);
+        let conn = match up.pool.get(&key, max_uses) {
+            Some(c) => c,
+            None => match up.connect_http(&key, cluster).await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::info!(cluster = %cluster.name, endpoint = %ep.address, "upstream connect failed: {e}");
+                    if !tries.failed(&ep, e.reason()) {
+                        break;
+                    }
+                    continue;
+                }
+            },
+        };
+        let mut r = req.take().expect("a request is present until sent");
+        let to_h2 = matches!(conn, Conn::H2(..));
+        headers::retarget(&mut r, to_h2, authority)?;
+        match up.pool.send(&key, conn, r, max_uses).await {
+            Ok((resp, stream)) => {
+                cluster.record(&ep, resp.status().is_server_error());
+                return Ok((resp, InFlight { active, stream }));
+            }
+            Err(SendError::NotSent(r)) => req = Some(*r),
+            Err(SendError::Failed(e)) => {
+                tracing::info!(cluster = %cluster.name, endpoint = %ep.address, "upstream broke the exchange: {e}");
+                cluster.record(&ep, true);
+                return Err(Reason::UpstreamProtocolError);
+            }
+        }
+    }
+    Err(tries.last())
+}

@@ -1,0 +1,59 @@
+//! `CONNECT host:port` to a tcp port: a raw mTLS connection (no ALPN) to an endpoint, then bytes
+//! both ways between the app and it, half-close respected.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use hyper::upgrade::OnUpgrade;
+use hyper_util::rt::TokioIo;
+
+use super::cluster::{Cluster, EndpointState};
+use super::connect::{Upstream, UpstreamTls};
+use super::retry::Tries;
+use crate::config::Locality;
+use crate::http::answer::Reason;
+
+/// Connects to an endpoint of `cluster`, retrying failed connects on other endpoints.
+pub async fn open(
+    up: &Upstream,
+    locality: Option<&Locality>,
+    cluster: &Cluster,
+    src: IpAddr,
+) -> Result<(UpstreamTls, Arc<EndpointState>), Reason> {
+    let mut tries = Tries::new(cluster, None, locality);
+    loop {
+        let ep = tries.next()?;
+        match up.connect_tcp(cluster, ep.address, src).await {
+            Ok(tls) => {
+                cluster.record(&ep, false);
+                return Ok((tls, ep));
+            }
+            Err(e) => {
+                tracing::info!(cluster = %cluster.name, endpoint = %ep.address, "tunnel connect failed: {e}");
+                if !tries.failed(&ep, e.reason()) {
+                    return Err(tries.last());
+                }
+            }
+        }
+    }
+}
+
+/// Copies bytes both ways once the app's side of the CONNECT is upgraded; `held` (in-flight
+/// counts, the drain tracker) is released when the tunnel ends.
+pub fn splice<G: Send + 'static>(upgrade: OnUpgrade, mut tls: UpstreamTls, name: String, held: G) {
+    tokio::spawn(async move {
+        match upgrade.await {
+            Ok(up) => {
+                let mut up = TokioIo::new(up);
+                match tokio::io::copy_bidirectional(&mut up, &mut tls).await {
+                    Ok((a, b)) => {
+                        tracing::debug!(cluster = %name, up = a, down = b, "tunnel done")
+                    }
+                    Err(e) => tracing::debug!(cluster = %name, "tunnel ended: {e}"),
+                }
+            }
+            Err(e) => tracing::debug!(cluster = %name, "CONNECT upgrade failed: {e}"),
+        }
+        drop(held);
+    });
+}
