@@ -57,3 +57,28 @@ impl CatalogStore {
         self.changed.subscribe()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn apply_replaces_the_catalog_whole_and_tells_subscribers() {
+        let store = CatalogStore::new(Catalog::default());
+        assert_eq!(store.version(), 1);
+        let mut changed = store.subscribe();
+        let held = Guard::into_inner(store.load());
+        assert_eq!(store.apply(Catalog::default()), 2);
+        assert_eq!(store.version(), 2);
+        // A reader that took the old catalog keeps it, whole.
+        assert_eq!(held.version, 1);
+        changed.changed().await.unwrap();
+        assert_eq!(*changed.borrow_and_update(), 2);
+        // Two applies before the subscriber looks: it hears of the latest.
+        store.apply(Catalog::default());
+        store.apply(Catalog::default());
+        changed.changed().await.unwrap();
+        assert_eq!(*changed.borrow_and_update(), 4);
+        assert_eq!(store.load().version, 4);
+    }
+}

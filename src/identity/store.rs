@@ -111,3 +111,76 @@ impl IdentityStore {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::certgen::{self, Workload};
+    use crate::identity::tls::session_key_index;
+    use std::net::SocketAddr;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    /// One TLS connection to the server context of `port`, offering the cached session of
+    /// `as_port` (filed under that key). Returns whether the handshake resumed a session.
+    async fn handshake(contexts: &Contexts, port: u16, as_port: u16) -> bool {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let acceptor = contexts.acceptor(port).unwrap().clone();
+        let server = tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let mut tls = tokio_boring::accept(&acceptor, tcp).await.unwrap();
+            tls.write_all(b"x").await.unwrap();
+            let _ = tls.read(&mut [0u8; 1]).await;
+        });
+        let client = contexts.connector_for(None);
+        let mut cfg = client.ctx.configure().unwrap();
+        let key: (SocketAddr, u16) = (SocketAddr::from(([127, 0, 0, 1], 1)), as_port);
+        cfg.set_ex_data(session_key_index(), key);
+        if let Some(s) = client.sessions.get(&key) {
+            // SAFETY: the session came from this very context.
+            unsafe { cfg.set_session(&s).unwrap() };
+        }
+        cfg.set_verify_hostname(false);
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let mut tls = tokio_boring::connect(cfg, &port.to_string(), tcp)
+            .await
+            .unwrap();
+        // Reading the server's byte also takes in its session tickets.
+        tls.read_exact(&mut [0u8; 1]).await.unwrap();
+        let resumed = tls.ssl().session_reused();
+        drop(tls);
+        server.await.unwrap();
+        resumed
+    }
+
+    #[tokio::test]
+    async fn each_served_port_has_its_own_server_context() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = Workload::parse("default/payments").unwrap();
+        certgen::generate(dir.path(), "aether.local", &[w]).unwrap();
+        let spec = IdentitySpec {
+            cert: dir.path().join("payments.crt"),
+            key: dir.path().join("payments.key"),
+            ca: dir.path().join("ca.crt"),
+            trust_domain: "aether.local".into(),
+            served: vec![
+                (8080, ServerAlpn::ClientFirst),
+                (9090, ServerAlpn::ClientFirst),
+            ],
+            sources: vec![],
+        };
+        let contexts = Contexts::build(&spec).unwrap();
+        assert!(contexts.acceptor(7777).is_none());
+        assert!(
+            !handshake(&contexts, 8080, 8080).await,
+            "first contact is a full handshake"
+        );
+        assert!(
+            handshake(&contexts, 8080, 8080).await,
+            "the same port resumes"
+        );
+        // A session of port 8080's chain is not taken by port 9090's context.
+        assert!(!handshake(&contexts, 9090, 8080).await);
+    }
+}

@@ -262,3 +262,107 @@ impl Upstream {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::certgen::{self, Workload};
+    use crate::identity::tls::{self, ServerAlpn};
+    use crate::identity::Identity;
+    use tokio::net::TcpListener;
+
+    const TD: &str = "aether.local";
+
+    /// A client and a server identity (frontend, payments) under one test CA.
+    fn identities(dir: &std::path::Path) -> (Identity, Identity) {
+        let w = |s| Workload::parse(s).unwrap();
+        certgen::generate(dir, TD, &[w("default/frontend"), w("default/payments")]).unwrap();
+        let load = |stem: &str| {
+            Identity::load(
+                &dir.join(format!("{stem}.crt")),
+                &dir.join(format!("{stem}.key")),
+                &dir.join("ca.crt"),
+                TD,
+            )
+            .unwrap()
+        };
+        (load("frontend"), load("payments"))
+    }
+
+    fn pin(sa: &str) -> SpiffeId {
+        SpiffeId::parse(&format!("spiffe://{TD}/ns/default/sa/{sa}")).unwrap()
+    }
+
+    async fn connect_to(client: &Client, addr: SocketAddr, sa: &str) -> ConnectError {
+        let r = connect(
+            client,
+            addr,
+            9090,
+            None,
+            &pin(sa),
+            Duration::from_millis(300),
+        )
+        .await;
+        match r {
+            Ok(_) => panic!("the connection must fail"),
+            Err(e) => e,
+        }
+    }
+
+    #[tokio::test]
+    async fn each_failure_says_which_step_failed_and_keeps_the_io_kind() {
+        let dir = tempfile::tempdir().unwrap();
+        let (client_id, server_id) = identities(dir.path());
+        let client = tls::connector(&client_id).unwrap();
+
+        // Nothing listens: a TCP failure, connection refused.
+        let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = closed.local_addr().unwrap();
+        drop(closed);
+        let e = connect_to(&client, addr, "payments").await;
+        assert!(matches!(e, ConnectError::Tcp { .. }), "{e}");
+        assert_eq!(e.io_kind(), Some(io::ErrorKind::ConnectionRefused));
+        assert_eq!(e.reason(), Reason::UpstreamConnectFailure);
+
+        // Accepts and says nothing: the timeout.
+        let silent = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = silent.local_addr().unwrap();
+        let hold = tokio::spawn(async move {
+            let conns: Vec<_> = vec![silent.accept().await.unwrap()];
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            drop(conns);
+        });
+        let e = connect_to(&client, addr, "payments").await;
+        assert!(matches!(e, ConnectError::Timeout { .. }), "{e}");
+        assert_eq!(e.io_kind(), Some(io::ErrorKind::TimedOut));
+        hold.abort();
+
+        // Accepts and closes: the TLS handshake failed.
+        let rude = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = rude.local_addr().unwrap();
+        tokio::spawn(async move { drop(rude.accept().await) });
+        let e = connect_to(&client, addr, "payments").await;
+        assert!(matches!(e, ConnectError::Tls { .. }), "{e}");
+        assert_eq!(e.reason(), Reason::UpstreamConnectFailure);
+
+        // A real server proving payments, pinned as orders: the identity step.
+        let acceptor = tls::acceptor(&server_id, TD, 9090, ServerAlpn::Refuse).unwrap();
+        let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = server.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (tcp, _) = server.accept().await.unwrap();
+            let _tls = tokio_boring::accept(&acceptor, tcp).await;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        });
+        let e = connect_to(&client, addr, "orders").await;
+        match &e {
+            ConnectError::Identity { expected, got, .. } => {
+                assert_eq!(expected, &pin("orders"));
+                assert_eq!(got, &vec![pin("payments").to_string()]);
+            }
+            other => panic!("expected an identity failure, got {other}"),
+        }
+        assert_eq!(e.reason(), Reason::UpstreamIdentityMismatch);
+        assert_eq!(e.io_kind(), None);
+    }
+}
