@@ -18,15 +18,14 @@
 //!  8 trust_bundle_rotation_adds_and_retires_a_ca
 
 mod common;
-mod live_support;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use common::live::*;
 use common::*;
-use live_support::*;
 use tokio::net::TcpStream;
 
 /// The `suite` octet of this file (see the module doc).

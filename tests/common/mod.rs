@@ -39,6 +39,11 @@
 //!   CONNECT tunnels; [`http_get`] for admin endpoints.
 //! * `tcp`: [`tcp_connect`], [`tcp_connect_from`] and [`read_to_end_within`] for raw streams.
 //!
+//! Helpers of one group of tests live in their own module, which is not re-exported:
+//!
+//! * `live`: pod apps with a version, a load generator and admin readers for `tests/live.rs`
+//!   (`use common::live::*;`).
+//!
 //! # Time bounds
 //!
 //! Every network wait in here is bounded ([`IO_TIMEOUT`], [`READY_TIMEOUT`]); nothing can hang CI.
@@ -53,6 +58,8 @@ mod net;
 mod proxy;
 mod tcp;
 mod tls;
+
+pub mod live;
 
 // Every test binary uses its own part of the harness.
 #[allow(unused_imports)]
