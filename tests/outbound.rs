@@ -3,33 +3,12 @@
 //! apps (this test) talk plaintext to its outbound listener, server pods with their own
 //! proxies and apps, real mTLS between them, all on loopback.
 //!
-//! Every test owns `127.2.<test>.0/24` (suite 2 = outbound, see `common`):
-//! * pod 0 is the client pod: its proxy (identity `frontend`) on `127.2.<test>.2` (outbound
-//!   :15001, admin :15000); the test's client sockets bind to its spare hosts when the source
-//!   address matters (`source_identities`);
-//! * pods 1.. are server pods: proxy on `127.2.<test>.(16i+2)`:15008, apps on
-//!   `127.2.<test>.(16i+1)`:<port>. The catalog lists them by their proxy address.
-//!
-//! Test numbers (the third octet), one per test, never reused:
-//!  1 authority_table_through_the_client_proxy
-//!  2 absolute_form_uri_wins_and_h2c_prior_knowledge
-//!  3 concurrent_first_requests_build_one_cluster
-//!  4 grpc_unary_and_server_streaming_end_to_end
-//!  5 protocol_is_kept_end_to_end
-//!  6 connect_tunnels_to_tcp_ports_only
-//!  7 pinned_san_mismatch_is_refused
-//!  8 dead_endpoint_is_retried_onto_a_live_one
-//!  9 load_spreads_over_three_pods
-//! 10 xfcc_is_stripped_and_request_id_kept
-//! 11 upstream_wire_view_sni_alpn_and_headers
-//! 12 source_identities_pick_the_client_cert
-//! 13 request_timeout_gives_504
-//! 14 pooled_connection_does_not_bypass_the_pin
-//! 15 new_pin_from_a_catalog_reload_applies_to_pooled_connections
-//! 16 rapid_reset_closes_the_connection
-//! 17 connect_timeout_is_the_catalogs
-//! 18 outlier_detection_ejects_a_failing_endpoint
-//! 19 subsets_compose_with_the_port
+//! Every test owns a loopback /24 from `Net::fresh()` (see `common`):
+//! * pod 0 is the client pod: its proxy (identity `frontend`) on host `.2` (outbound :15001,
+//!   admin :15000); the test's client sockets bind to its spare hosts when the source address
+//!   matters (`source_identities`);
+//! * pods 1.. are server pods: proxy on host `.(16i+2)`:15008, apps on `.(16i+1)`:<port>. The
+//!   catalog lists them by their proxy address.
 
 mod common;
 
@@ -61,10 +40,6 @@ const BATCH: &str = "default/batch";
 
 /// The service every test calls, in its portless spelling.
 const SVC: &str = "payments.aether.internal";
-
-fn net(test: u8) -> Net {
-    Net::new(suite::OUTBOUND, test)
-}
 
 fn certs() -> Certs {
     Certs::new(TD, &[PAYMENTS, FRONTEND, ORDERS, BATCH])
@@ -410,7 +385,7 @@ fn assert_raw_proxy_error(head: &RawHead, body: &str, status: u16, reason: &str,
 /// the only one listing 6060.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn authority_table_through_the_client_proxy() {
-    let net = net(1);
+    let net = Net::fresh();
     let (client_pod, p1, p2, p3) = (net.pod(0), net.pod(1), net.pod(2), net.pod(3));
     let certs = certs();
     let ports = [
@@ -549,7 +524,7 @@ async fn authority_table_through_the_client_proxy() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn absolute_form_uri_wins_and_h2c_prior_knowledge() {
-    let net = net(2);
+    let net = Net::fresh();
     let (client_pod, p1) = (net.pod(0), net.pod(1));
     let certs = certs();
     let a8080 = HttpApp::auto(p1.app(8080)).await;
@@ -674,7 +649,7 @@ async fn concurrent_first_requests_build_one_cluster() {
     const H2_CONNS: usize = 4;
     const H2_STREAMS: usize = 25;
     const TOTAL: usize = H1 + H2_CONNS * H2_STREAMS;
-    let net = net(3);
+    let net = Net::fresh();
     let (client_pod, p1) = (net.pod(0), net.pod(1));
     let certs = certs();
     let app = HttpApp::auto(p1.app(8080)).await;
@@ -1031,7 +1006,7 @@ async fn grpc_unary_and_server_streaming_end_to_end() {
     use grpc::*;
     use tonic::Code;
 
-    let net = net(4);
+    let net = Net::fresh();
     let (client_pod, p1) = (net.pod(0), net.pod(1));
     let certs = certs();
     let server = GrpcServer::start(p1.app(9090), "pod-1").await;
@@ -1229,7 +1204,7 @@ async fn grpc_unary_and_server_streaming_end_to_end() {
 /// not mixed up between protocols.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn protocol_is_kept_end_to_end() {
-    let net = net(5);
+    let net = Net::fresh();
     let (client_pod, p1) = (net.pod(0), net.pod(1));
     let certs = certs();
     let a8080 = HttpApp::auto(p1.app(8080)).await;
@@ -1321,7 +1296,7 @@ async fn protocol_is_kept_end_to_end() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_tunnels_to_tcp_ports_only() {
-    let net = net(6);
+    let net = Net::fresh();
     let (client_pod, p1) = (net.pod(0), net.pod(1));
     let certs = certs();
     let app = HttpApp::auto(p1.app(8080)).await;
@@ -1426,7 +1401,7 @@ async fn connect_tunnels_to_tcp_ports_only() {
 /// not tried again. Control: the catalog's `orders` service on the same pod works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pinned_san_mismatch_is_refused() {
-    let net = net(7);
+    let net = Net::fresh();
     let (client_pod, p1) = (net.pod(0), net.pod(1));
     let certs = certs();
     let app = HttpApp::auto(p1.app(8080)).await;
@@ -1485,7 +1460,7 @@ async fn pinned_san_mismatch_is_refused() {
 /// because both services list the same endpoint, SNI port and protocol.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pooled_connection_does_not_bypass_the_pin() {
-    let net = net(14);
+    let net = Net::fresh();
     let (client_pod, p1) = (net.pod(0), net.pod(1));
     let certs = certs();
     let app = HttpApp::auto(p1.app(8080)).await;
@@ -1546,7 +1521,7 @@ async fn pooled_connection_does_not_bypass_the_pin() {
 /// `payments`; once the catalog says the service is `orders`, pod 1 must be refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_pin_from_a_catalog_reload_applies_to_pooled_connections() {
-    let net = net(15);
+    let net = Net::fresh();
     let (client_pod, p1) = (net.pod(0), net.pod(1));
     let certs = certs();
     let app = HttpApp::auto(p1.app(8080)).await;
@@ -1598,7 +1573,7 @@ async fn new_pin_from_a_catalog_reload_applies_to_pooled_connections() {
 /// retried on the other endpoint). Only dead endpoints: 503 `upstream-connect-failure`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_endpoint_is_retried_onto_a_live_one() {
-    let net = net(8);
+    let net = Net::fresh();
     let (client_pod, live, dead, dead2) = (net.pod(0), net.pod(1), net.pod(2), net.pod(3));
     let certs = certs();
     let app = HttpApp::auto(live.app(8080)).await;
@@ -1699,7 +1674,7 @@ async fn load_spreads_over_three_pods() {
     const WORKERS: usize = 10;
     const PER_WORKER: usize = 30;
     const TOTAL: usize = WORKERS * PER_WORKER;
-    let net = net(9);
+    let net = Net::fresh();
     let client_pod = net.pod(0);
     let certs = certs();
     let mut apps = Vec::new();
@@ -1754,7 +1729,7 @@ async fn load_spreads_over_three_pods() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn xfcc_is_stripped_and_request_id_kept() {
-    let net = net(10);
+    let net = Net::fresh();
     let (client_pod, p1) = (net.pod(0), net.pod(1));
     let certs = certs();
     let app = HttpApp::auto(p1.app(8080)).await;
@@ -2003,7 +1978,7 @@ mod wire {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_wire_view_sni_alpn_and_headers() {
     use wire::*;
-    let net = net(11);
+    let net = Net::fresh();
     let (client_pod, p1) = (net.pod(0), net.pod(1));
     let certs = certs();
     let observer = Observer::start(&certs, p1.inbound()).await;
@@ -2113,7 +2088,7 @@ async fn upstream_wire_view_sni_alpn_and_headers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn source_identities_pick_the_client_cert() {
-    let net = net(12);
+    let net = Net::fresh();
     let (client_pod, p1) = (net.pod(0), net.pod(1));
     let certs = certs();
     let _app = HttpApp::auto(p1.app(8080)).await;
@@ -2174,7 +2149,7 @@ async fn source_identities_pick_the_client_cert() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_timeout_gives_504() {
-    let net = net(13);
+    let net = Net::fresh();
     let (client_pod, p1) = (net.pod(0), net.pod(1));
     let certs = certs();
     let app = HttpApp::auto(p1.app(8080)).await;
@@ -2242,7 +2217,7 @@ async fn request_timeout_gives_504() {
 /// the proxy keeps serving other connections.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rapid_reset_closes_the_connection() {
-    let net = net(16);
+    let net = Net::fresh();
     let client_pod = net.pod(0);
     // An endpoint that accepts TCP and never answers: requests stay pending until reset.
     let hole = TcpListener::bind(SocketAddr::new(net.pod(1).proxy_ip(), 15008))
@@ -2303,7 +2278,7 @@ async fn rapid_reset_closes_the_connection() {
 /// an endpoint that accepts TCP but never completes TLS costs at most that, per attempt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_timeout_is_the_catalogs() {
-    let net = net(17);
+    let net = Net::fresh();
     let client_pod = net.pod(0);
     let hole = TcpListener::bind(SocketAddr::new(net.pod(1).proxy_ip(), 15008))
         .await
@@ -2343,7 +2318,7 @@ async fn connect_timeout_is_the_catalogs() {
 /// the metric counts it, and new requests go to the healthy endpoint.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outlier_detection_ejects_a_failing_endpoint() {
-    let net = net(18);
+    let net = Net::fresh();
     let (client_pod, bad, good) = (net.pod(0), net.pod(1), net.pod(2));
     let certs = certs();
     // The bad pod's app answers 500 to everything: it sees the header the test sets below only
@@ -2441,7 +2416,7 @@ async fn outlier_detection_ejects_a_failing_endpoint() {
 /// that match the labels; a split sends traffic by weight.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subsets_compose_with_the_port() {
-    let net = net(19);
+    let net = Net::fresh();
     let (client_pod, v1, v2a, v2b) = (net.pod(0), net.pod(1), net.pod(2), net.pod(3));
     let certs = certs();
     let ports = [

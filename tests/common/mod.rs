@@ -4,20 +4,23 @@
 //!
 //! # Loopback addressing
 //!
-//! Every test owns one /24 of loopback, `127.<suite>.<test>.0/24`, so tests (and test binaries)
-//! can run in parallel without ever sharing an address:
+//! Every test owns one /24 of loopback, so tests (and test binaries, and two people's test
+//! runs on one machine) can run in parallel without ever sharing an address. A test gets its
+//! /24 from [`Net::fresh`], never by picking numbers:
 //!
-//! * `suite` is fixed per test file (see [`suite`]); suite 0 (`127.0.0.x`) is left to the example
-//!   configs in `configs/` and to people running the proxy by hand.
-//! * `test` is unique per test within its file (1..=254); pick it by hand and keep a list at
-//!   the top of the test file.
-//! * Inside the /24, pod `i` (0..=15) owns the hosts `16*i + 1 ..= 16*i + 15`:
+//! * `Net::fresh()` claims a free `127.a.b.0/24` with `a` in 100..=199 by listening on
+//!   `127.a.b.0:`[`CLAIM_PORT`]; whoever holds that listener owns the /24. The walk starts at a
+//!   point derived from the process id and skips /24s that another test holds. The claim is
+//!   kept until the test process exits. `127.0.x.x` is never handed out: it is left to the
+//!   example configs in `configs/` and to people running the proxy by hand.
+//! * Inside the /24, host 0 is the claim and pod `i` (0..=15) owns the hosts
+//!   `16*i + 1 ..= 16*i + 15`:
 //!   * `16*i + 1`: the pod's apps (the proxy's `inbound.app_host`), on their real ports;
 //!   * `16*i + 2`: the pod's proxy: inbound `:15008`, outbound `:15001`, admin `:15000`;
 //!   * `16*i + 3 ..= 16*i + 15`: free for that pod's extras (client source addresses, ...).
 //!
-//! So test N of the inbound suite runs its proxy on `127.1.N.2:15008`, its apps on
-//! `127.1.N.1:<port>` and its admin listener on `127.1.N.2:15000`.
+//! So a test whose net is `127.a.b.0/24` runs pod 0's proxy on `127.a.b.2:15008`, its apps on
+//! `127.a.b.1:<port>` and its admin listener on `127.a.b.2:15000`.
 //!
 //! # At a glance
 //!

@@ -1,41 +1,73 @@
-//! Loopback addressing: one /24 per test, pods inside it.
+//! Loopback addressing: one /24 per test, handed out by one allocator, pods inside it.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
 
-/// The `suite` octet of each test file (`127.<suite>.<test>.<host>`).
-pub mod suite {
-    pub const INBOUND: u8 = 1;
-    pub const OUTBOUND: u8 = 2;
-    pub const DRAIN: u8 = 3;
-    pub const READINESS: u8 = 4;
-    pub const ADMIN: u8 = 5;
-    pub const CLI: u8 = 6;
-    pub const LIVE: u8 = 7;
-}
+/// The second octets [`Net::fresh`] hands out: `127.100.0.0/16 ..= 127.199.0.0/16`, far from
+/// `127.0.x.x` (left to the example configs in `configs/` and to people running the proxy by
+/// hand).
+const SECOND_OCTETS: std::ops::RangeInclusive<u8> = 100..=199;
+/// How many /24s there are to hand out.
+const NETS: usize = 100 * 256;
+/// The port of the claim listener on host 0 of a /24 (no pod uses host 0).
+pub const CLAIM_PORT: u16 = 15999;
 
-/// One test's loopback /24: `127.<suite>.<test>.0/24`.
+/// The claim listeners of this process, kept open until it exits.
+static CLAIMS: Mutex<Vec<TcpListener>> = Mutex::new(Vec::new());
+/// How many /24s this process has tried so far; the walk goes on from there.
+static TRIED: AtomicUsize = AtomicUsize::new(0);
+
+/// One test's loopback /24, `127.a.b.0/24`, claimed by [`Net::fresh`].
 #[derive(Debug, Clone, Copy)]
 pub struct Net {
-    suite: u8,
-    test: u8,
+    a: u8,
+    b: u8,
 }
 
 impl Net {
-    pub fn new(suite: u8, test: u8) -> Net {
-        assert!(
-            suite >= 1,
-            "suite 0 (127.0.x.x) is reserved for configs/ and manual runs"
-        );
-        assert!(
-            (1..=254).contains(&test),
-            "test number {test} is not in 1..=254"
-        );
-        Net { suite, test }
+    /// Claims a loopback /24 no other test (in this process or any other) is using.
+    ///
+    /// The claim is a TCP listener on `127.a.b.0:`[`CLAIM_PORT`]: only one socket can listen
+    /// there, so whoever binds it owns the /24. The walk over `127.100.0.0 ..= 127.199.255.0`
+    /// starts at a point derived from the process id (concurrent test processes start apart)
+    /// and goes on where this process's last claim left off, skipping /24s that are taken.
+    /// The listener stays open until the process exits, so a claim outlives its `Net` and
+    /// every [`PodNet`] copied out of it, and no /24 is handed out twice by one process.
+    pub fn fresh() -> Net {
+        static START: OnceLock<usize> = OnceLock::new();
+        let start = *START.get_or_init(|| std::process::id() as usize % NETS);
+        loop {
+            let tried = TRIED.fetch_add(1, Ordering::Relaxed);
+            assert!(
+                tried < NETS,
+                "every loopback /24 in 127.100-199.x.0 is taken (claims on port {CLAIM_PORT}); \
+                 is something else listening on 0.0.0.0:{CLAIM_PORT}?"
+            );
+            let i = (start + tried) % NETS;
+            let net = Net {
+                a: *SECOND_OCTETS.start() + (i / 256) as u8,
+                b: (i % 256) as u8,
+            };
+            let claim = SocketAddr::new(net.ip(0), CLAIM_PORT);
+            match TcpListener::bind(claim) {
+                Ok(l) => {
+                    CLAIMS.lock().unwrap_or_else(|e| e.into_inner()).push(l);
+                    return net;
+                }
+                Err(e) if e.kind() == io::ErrorKind::AddrInUse => continue,
+                Err(e) => panic!(
+                    "cannot claim {claim} for a test's loopback /24 ({e}); the tests need all \
+                     of 127.0.0.0/8 on the loopback interface, as Linux has it"
+                ),
+            }
+        }
     }
 
-    /// `127.<suite>.<test>.<host>`.
+    /// `127.a.b.<host>`.
     pub fn ip(&self, host: u8) -> IpAddr {
-        IpAddr::V4(Ipv4Addr::new(127, self.suite, self.test, host))
+        IpAddr::V4(Ipv4Addr::new(127, self.a, self.b, host))
     }
 
     /// Pod `i` (0..=15) of this test.
