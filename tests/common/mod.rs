@@ -46,6 +46,9 @@
 //!
 //! * `live`: pod apps with a version, a load generator and admin readers for `tests/live.rs`
 //!   (`use common::live::*;`).
+//! * `mesh`: client and server pods, catalogs, answer checks, raw HTTP/1.1, a gRPC echo
+//!   service and a wire observer for the outbound tests, `tests/outbound_*.rs`
+//!   (`use common::mesh::*;`).
 //!
 //! # Time bounds
 //!
@@ -63,6 +66,7 @@ mod tcp;
 mod tls;
 
 pub mod live;
+pub mod mesh;
 
 // Every test binary uses its own part of the harness.
 #[allow(unused_imports)]
