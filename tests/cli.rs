@@ -1,8 +1,13 @@
 //! The command line as an operator meets it: `check` on good and broken files, `run` refusing
 //! bad input with exit 1 and a clear message, never a panic.
 
+mod common;
+
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Output};
+
+use common::Net;
 
 const BIN: &str = env!("CARGO_BIN_EXE_aether-proxy");
 
@@ -156,10 +161,11 @@ fn run_refuses_bad_input_with_exit_1_and_no_panic() {
 
 #[test]
 fn run_reports_a_listener_it_cannot_bind() {
-    let taken = std::net::TcpListener::bind("127.6.1.1:0").unwrap();
+    let host = Net::fresh().pod(0).app_host();
+    let taken = std::net::TcpListener::bind(SocketAddr::new(host, 0)).unwrap();
     let addr = taken.local_addr().unwrap();
     let cfg = config(&format!(
-        "inbound: {{ listen: \"{addr}\" }}\noutbound: {{ listen: 127.6.1.1:0 }}\nadmin: {{ listen: 127.6.1.1:0 }}\n"
+        "inbound: {{ listen: \"{addr}\" }}\noutbound: {{ listen: {host}:0 }}\nadmin: {{ listen: {host}:0 }}\n"
     ));
     let dir = setup(&[("cfg.yaml", &cfg), ("catalog.yaml", GOOD_CATALOG)]);
     let o = aether(dir.path(), &["run", "--config", "cfg.yaml"]);

@@ -1,6 +1,6 @@
 //! `aether-proxy demo` as a new user runs it: the whole local mesh comes up and its first
-//! requests show SPEC's addressing table. It uses the 127.0.0.x addresses, which no other test
-//! suite takes.
+//! requests show SPEC's addressing table. It uses the 127.0.0.x addresses, which the other
+//! tests never take (`Net::fresh` hands out 127.100.0.0 and up).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};

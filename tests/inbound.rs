@@ -1,30 +1,9 @@
 //! The inbound side from the outside (SPEC section 1 "Inbound", section 7): a real
 //! `aether-proxy run` process, real mTLS clients and real apps, all on loopback.
 //!
-//! Every test builds its own pod (see `Pod::start`) in its own loopback /24,
-//! `127.1.<test>.0/24` (suite 1 = inbound, see `common`): apps on `127.1.<test>.1`, the proxy on
-//! `127.1.<test>.2` (inbound :15008, outbound :15001, admin :15000).
-//!
-//! Test numbers (the third octet), one per test, never reused; the next free one is 20:
-//!   1 sni_selects_the_chain
-//!   2 unserved_port_sni_is_refused
-//!   3 h2_chain_end_to_end
-//!   4 auto_chain_follows_alpn
-//!   5 http1_chain_never_gets_h2
-//!   6 tcp_chain_echoes_and_keeps_half_close
-//!   7 xfcc_is_exact_and_replaces_client_value
-//!   8 request_id_added_when_absent_kept_when_present
-//!   9 clients_without_a_mesh_identity_are_refused
-//!  10 allow_list_on_http_chain_answers_403
-//!  11 allow_list_on_tcp_chain_closes_without_echo
-//!  12 app_not_listening_gives_503_app_unavailable
-//!  13 app_stopped_after_serving_gives_503
-//!  14 garbage_instead_of_client_hello_is_closed
-//!  15 silent_clients_are_cut_off_without_harm
-//!  16 headers_over_the_limit_get_431
-//!  17 exactly_100_headers_pass
-//!  18 access_log_one_line_per_request
-//!  19 far_over_the_header_limit_still_gets_the_proxy_431
+//! Every test builds its own pod (see `Pod::start`) in its own loopback /24 from
+//! `Net::fresh()` (see `common`): apps on `.1`, the proxy on `.2` (inbound :15008, outbound
+//! :15001, admin :15000).
 
 mod common;
 
@@ -65,8 +44,8 @@ struct Pod {
 }
 
 impl Pod {
-    async fn start(test: u8) -> Pod {
-        let net = Net::new(suite::INBOUND, test).pod(0);
+    async fn start() -> Pod {
+        let net = Net::fresh().pod(0);
         let certs = Certs::new(TD, &[PAYMENTS, FRONTEND, ORDERS]);
         let app8080 = HttpApp::auto(net.app(8080)).await;
         let app9090 = HttpApp::auto(net.app(9090)).await;
@@ -163,7 +142,7 @@ fn assert_proxy_error(r: &Reply, status: u16, reason: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sni_selects_the_chain() {
-    let pod = Pod::start(1).await;
+    let pod = Pod::start().await;
     // (SNI, ALPN offered, where it must land, protocol the app must see)
     let cases: &[(Option<&str>, &str, u16, &str)] = &[
         (Some("8080"), "http/1.1", 8080, "HTTP/1.1"),
@@ -217,7 +196,7 @@ async fn sni_selects_the_chain() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unserved_port_sni_is_refused() {
-    let pod = Pod::start(2).await;
+    let pod = Pod::start().await;
     for sni in ["7777", "p-7777"] {
         let client = pod.client("frontend").sni(Some(sni)).alpn(&["http/1.1"]);
         let failure = match client.connect(pod.net.inbound()).await {
@@ -260,7 +239,7 @@ async fn unserved_port_sni_is_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn h2_chain_end_to_end() {
-    let pod = Pod::start(3).await;
+    let pod = Pod::start().await;
     // What a gRPC call looks like: POST, a body, te: trailers.
     let client = pod.client("frontend").sni(Some("9090")).alpn(&["h2"]);
     let mut c = pod.h2(&client).await;
@@ -308,7 +287,7 @@ async fn h2_chain_end_to_end() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_chain_follows_alpn() {
-    let pod = Pod::start(4).await;
+    let pod = Pod::start().await;
     let base = pod.client("frontend").sni(Some("8080"));
     // (ALPN offered, ALPN the server must pick, version the app must see)
     let cases: &[(&[&str], Option<&str>, &str)] = &[
@@ -357,7 +336,7 @@ async fn auto_chain_follows_alpn() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http1_chain_never_gets_h2() {
-    let pod = Pod::start(5).await;
+    let pod = Pod::start().await;
     // Offering only h2 to an http1 chain: no h2. Either the handshake is refused, or it ends
     // without ALPN; an h2 attempt over it must not reach the app as HTTP/2.
     let only_h2 = pod.client("frontend").sni(Some("7070")).alpn(&["h2"]);
@@ -396,7 +375,7 @@ async fn http1_chain_never_gets_h2() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_chain_echoes_and_keeps_half_close() {
-    let pod = Pod::start(6).await;
+    let pod = Pod::start().await;
     let client = pod.client("frontend").sni(Some("5432"));
     let mut tls = pod.connect(&client).await;
     // Both ways while open.
@@ -432,7 +411,7 @@ async fn tcp_chain_echoes_and_keeps_half_close() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn xfcc_is_exact_and_replaces_client_value() {
-    let pod = Pod::start(7).await;
+    let pod = Pod::start().await;
     let xfcc = |stem: &str, workload: &str| {
         format!(
             "By={};Hash={};URI={}",
@@ -498,7 +477,7 @@ async fn xfcc_is_exact_and_replaces_client_value() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_id_added_when_absent_kept_when_present() {
-    let pod = Pod::start(8).await;
+    let pod = Pod::start().await;
     let mut h1 = pod
         .h1(&pod.client("frontend").sni(Some("8080")).alpn(&["http/1.1"]))
         .await;
@@ -574,7 +553,7 @@ async fn assert_refused(pod: &Pod, client: &TlsClient, what: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_without_a_mesh_identity_are_refused() {
-    let pod = Pod::start(9).await;
+    let pod = Pod::start().await;
     let other_ca = Certs::new(TD, &[FRONTEND]);
     let other_td = pod
         .certs
@@ -632,7 +611,7 @@ async fn clients_without_a_mesh_identity_are_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allow_list_on_http_chain_answers_403() {
-    let pod = Pod::start(10).await;
+    let pod = Pod::start().await;
     let mut c = pod
         .h1(&pod.client("orders").sni(Some("7070")).alpn(&["http/1.1"]))
         .await;
@@ -668,7 +647,7 @@ async fn allow_list_on_http_chain_answers_403() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allow_list_on_tcp_chain_closes_without_echo() {
-    let pod = Pod::start(11).await;
+    let pod = Pod::start().await;
     let client = pod.client("orders").sni(Some("5432"));
     match client.connect(pod.net.inbound()).await {
         Err(_) => {} // refusing during the handshake is fine too
@@ -696,7 +675,7 @@ async fn allow_list_on_tcp_chain_closes_without_echo() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn app_not_listening_gives_503_app_unavailable() {
-    let pod = Pod::start(12).await;
+    let pod = Pod::start().await;
     let mut c = pod
         .h1(&pod.client("frontend").sni(Some("6060")).alpn(&["http/1.1"]))
         .await;
@@ -720,7 +699,7 @@ async fn app_stopped_after_serving_gives_503() {
         proxy,
         app8080,
         ..
-    } = Pod::start(13).await;
+    } = Pod::start().await;
     let client = TlsClient::with_identity(&certs, "frontend")
         .sni(Some("8080"))
         .alpn(&["http/1.1"]);
@@ -753,7 +732,7 @@ async fn app_stopped_after_serving_gives_503() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_instead_of_client_hello_is_closed() {
-    let pod = Pod::start(14).await;
+    let pod = Pod::start().await;
     let garbage: &[(&str, Vec<u8>)] = &[
         (
             "plaintext HTTP",
@@ -802,7 +781,7 @@ async fn garbage_instead_of_client_hello_is_closed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_clients_are_cut_off_without_harm() {
-    let pod = Pod::start(15).await;
+    let pod = Pod::start().await;
     let start = Instant::now();
     // Connects and sends nothing.
     let mut silent = tcp_connect(pod.net.inbound()).await.unwrap();
@@ -881,7 +860,7 @@ fn with_headers(uri: &str, n: usize, h2: bool) -> Request<Full<Bytes>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn headers_over_the_limit_get_431() {
-    let pod = Pod::start(16).await;
+    let pod = Pod::start().await;
     let mut h1 = pod
         .h1(&pod.client("frontend").sni(Some("8080")).alpn(&["http/1.1"]))
         .await;
@@ -917,7 +896,7 @@ async fn headers_over_the_limit_get_431() {
 async fn exactly_100_headers_pass() {
     // SPEC section 8: the limit is 100 headers; 431 is for *over* 100. The headers the proxy
     // adds itself (x-request-id, x-forwarded-client-cert) must not count against the client.
-    let pod = Pod::start(17).await;
+    let pod = Pod::start().await;
     let mut h1 = pod
         .h1(&pod.client("frontend").sni(Some("8080")).alpn(&["http/1.1"]))
         .await;
@@ -951,7 +930,7 @@ async fn exactly_100_headers_pass() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn access_log_one_line_per_request() {
-    let pod = Pod::start(18).await;
+    let pod = Pod::start().await;
     let frontend = pod.spiffe_id(FRONTEND);
     let orders = pod.spiffe_id(ORDERS);
 
@@ -1029,7 +1008,7 @@ async fn far_over_the_header_limit_still_gets_the_proxy_431() {
     // SPEC section 7: every error the proxy itself answers carries x-aether-error and a one-line
     // body, however far over the limit the request is: the HTTP library's own limits must not
     // answer instead.
-    let pod = Pod::start(19).await;
+    let pod = Pod::start().await;
     let client = pod.client("frontend").sni(Some("8080")).alpn(&["http/1.1"]);
     let mut answers = Vec::new();
     let mut h1 = pod.h1(&client).await;

@@ -3,34 +3,22 @@
 //! "Per-port endpoint sets" and "Two-phase drain", sections 3 and 4; the design record's
 //! Phase 4 rollout test). Real `aether-proxy run` processes, real apps, real mTLS, loopback only.
 //!
-//! Every test owns `127.7.<test>.0/24` (suite 7 = live; suites 1-4 are taken in
-//! `common::suite`, 5 and 6 are left for the harness to hand out next):
-//! * pod 0 is the client pod (proxy identity `frontend` on `127.7.<test>.2`) when a test has one,
-//!   or the one server pod of the drain/rotation tests;
-//! * server pods' proxies listen on `127.7.<test>.(16i+2)`:15008, their apps on
-//!   `127.7.<test>.(16i+1)`:<port>; the catalog lists them by their proxy address.
-//!
-//! Test numbers (the third octet), one per test, never reused:
-//!  1 rollout_adds_a_port_without_loss          4 draining_endpoint_gets_no_new_requests
-//!  2 sigterm_drains_in_flight_work_then_exits  5 identity_rotation_keeps_old_connections
-//!  3 post_drain_starts_the_same_sequence       6 bad_catalog_writes_keep_the_last_good_one
-//!  7 catalog_reload_is_not_starved_by_a_busy_directory
-//!  8 trust_bundle_rotation_adds_and_retires_a_ca
+//! Every test owns a loopback /24 from `Net::fresh()` (see `common`):
+//! * pod 0 is the client pod (proxy identity `frontend` on host `.2`) when a test has one, or
+//!   the one server pod of the drain/rotation tests;
+//! * server pods' proxies listen on host `.(16i+2)`:15008, their apps on `.(16i+1)`:<port>; the
+//!   catalog lists them by their proxy address.
 
 mod common;
-mod live_support;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use common::live::*;
 use common::*;
-use live_support::*;
 use tokio::net::TcpStream;
-
-/// The `suite` octet of this file (see the module doc).
-const SUITE: u8 = suite::LIVE;
 
 const TD: &str = "aether.local";
 const PAYMENTS: &str = "default/payments";
@@ -42,10 +30,6 @@ const SVC_9091: &str = "payments.aether.internal:9091";
 
 /// How long a catalog or identity reload may take to show (150 ms debounce, 2 s poll fallback).
 const RELOAD_TIMEOUT: Duration = Duration::from_secs(5);
-
-fn net(test: u8) -> Net {
-    Net::new(SUITE, test)
-}
 
 fn certs() -> Certs {
     Certs::new(TD, &[PAYMENTS, FRONTEND])
@@ -247,7 +231,7 @@ async fn wait_readyz(p: &Proxy, status: u16, limit: Duration) -> Instant {
 /// both `payments:9091` and the default port through the client proxy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rollout_adds_a_port_without_loss() {
-    let net = net(1);
+    let net = Net::fresh();
     let certs = certs();
     let ledger = Ledger::default();
     let client_pod = net.pod(0);
@@ -673,7 +657,7 @@ async fn check_notify_then_close(
 /// complete (h1 with `Connection: close`, h2 after GOAWAY), and the process exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_in_flight_work_then_exits() {
-    let pod = net(2).pod(0);
+    let pod = Net::fresh().pod(0);
     let certs = certs();
     let ledger = Ledger::default();
     let (mut proxy, _apps) = drain_pod(&certs, pod, &ledger).await;
@@ -773,7 +757,7 @@ async fn sigterm_drains_in_flight_work_then_exits() {
 /// `POST /drain` starts the same sequence as SIGTERM.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn post_drain_starts_the_same_sequence() {
-    let pod = net(3).pod(0);
+    let pod = Net::fresh().pod(0);
     let certs = certs();
     let ledger = Ledger::default();
     let (mut proxy, _apps) = drain_pod(&certs, pod, &ledger).await;
@@ -823,7 +807,7 @@ async fn post_drain_starts_the_same_sequence() {
 /// connections and on a keep-alive connection opened before) goes to B.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn draining_endpoint_gets_no_new_requests() {
-    let net = net(4);
+    let net = Net::fresh();
     let certs = certs();
     let ledger = Ledger::default();
     let (client_pod, a_pod, b_pod) = (net.pod(0), net.pod(1), net.pod(2));
@@ -947,7 +931,7 @@ async fn draining_endpoint_gets_no_new_requests() {
 /// current identity and counts `result="error"`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn identity_rotation_keeps_old_connections() {
-    let pod = net(5).pod(0);
+    let pod = Net::fresh().pod(0);
     let certs = certs();
     let ledger = Ledger::default();
     let _app = PodApp::start(pod.app(8080), "server", "v1", &ledger).await;
@@ -1075,7 +1059,7 @@ async fn identity_rotation_keeps_old_connections() {
 /// write and each error is logged once (not once per poll). A valid catalog is then picked up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_catalog_writes_keep_the_last_good_one() {
-    let net = net(6);
+    let net = Net::fresh();
     let certs = certs();
     let ledger = Ledger::default();
     let (client_pod, server_pod) = (net.pod(0), net.pod(1));
@@ -1198,7 +1182,7 @@ async fn bad_catalog_writes_keep_the_last_good_one() {
 /// directory forever, and the 2 s poll must still run).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn catalog_reload_is_not_starved_by_a_busy_directory() {
-    let net = net(7);
+    let net = Net::fresh();
     let certs = certs();
     let pod = net.pod(0);
     let eps = vec![Ep::new(net.pod(1), &[8080], "v1")];
@@ -1274,7 +1258,7 @@ async fn catalog_reload_is_not_starved_by_a_busy_directory() {
 /// the old one are refused once it is gone. No restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trust_bundle_rotation_adds_and_retires_a_ca() {
-    let pod = net(8).pod(0);
+    let pod = Net::fresh().pod(0);
     let (old, new) = (certs(), certs());
     let ledger = Ledger::default();
     let _app = PodApp::start(pod.app(8080), "server", "v1", &ledger).await;

@@ -1,6 +1,4 @@
 //! Readiness gated on local listeners (SPEC section 5), through the real binary.
-//!
-//! Tests in this file (suite 4): 1 reserve-then-listen.
 
 mod common;
 use common::*;
@@ -33,7 +31,7 @@ async fn wait_for_status(p: &Proxy, want: u16) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn not_ready_until_the_required_port_listens() {
-    let net = Net::new(suite::READINESS, 1);
+    let net = Net::fresh();
     let pod = net.pod(0);
     // Reserve a port by binding without listening: nothing else can take it, and it is not
     // in LISTEN state until we say so.

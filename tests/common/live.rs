@@ -1,8 +1,10 @@
-//! Helpers used only by `tests/live.rs` (live catalog/identity updates and drain): apps that know
-//! which pod and version they belong to, a keep-alive load generator, atomic file writes, and
-//! small admin-endpoint readers. Built on the shared harness in `tests/common`.
-
-#![allow(dead_code)]
+//! Helpers for the live-update tests (`tests/live.rs`: live catalog/identity updates and
+//! drain): apps that know which pod and version they belong to, a keep-alive load generator,
+//! atomic file writes, and small admin-endpoint readers.
+//!
+//! Not re-exported by `common`: its names (`clusters`, `metric`, ...) are too general to share
+//! a glob with other topic modules, so a test file imports it itself with
+//! `use common::live::*;`.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -23,7 +25,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
 
-use crate::common::*;
+use super::*;
 
 // ---------------------------------------------------------------------------------------------
 // Pod apps

@@ -1,0 +1,115 @@
+//! CONNECT tunnels through the client proxy (SPEC section 1 "Addressing", section 7): a tunnel
+//! to a `tcp` port with half-close end to end, and the proxy-made answers for every other
+//! combination of CONNECT and port protocol.
+//!
+//! Real `aether-proxy run` processes: a client pod whose apps (this test) talk plaintext to its
+//! outbound listener, server pods with their own proxies and apps, real mTLS between them, all
+//! on loopback; the pods and catalogs are those of `common::mesh`.
+
+mod common;
+
+use common::mesh::*;
+use common::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+// ---------------------------------------------------------------------------------------------
+// CONNECT tunnels
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_tunnels_to_tcp_ports_only() {
+    let net = Net::fresh();
+    let (client_pod, p1) = (net.pod(0), net.pod(1));
+    let certs = certs();
+    let app = HttpApp::auto(p1.app(8080)).await;
+    let echo = TcpEcho::start(p1.app(5432)).await;
+    let _s1 = server_proxy(
+        &certs,
+        p1,
+        "payments",
+        &[
+            "{ port: 8080, protocol: auto }",
+            "{ port: 5432, protocol: tcp }",
+        ],
+    )
+    .await;
+    let cat = catalog(&[service(
+        "payments",
+        &certs.spiffe_id(PAYMENTS),
+        "    protocols: { 5432: tcp }\n",
+        &[endpoint(p1.proxy_ip(), &[8080, 5432])],
+    )]);
+    let _client = client_proxy(&certs, client_pod, &cat, "").await;
+    let out = client_pod.outbound();
+
+    // CONNECT to the tcp port: a tunnel to the echo server, half-close included.
+    let mut s = tcp_connect(out).await.unwrap();
+    s.write_all(
+        b"CONNECT payments.aether.internal:5432 HTTP/1.1\r\nHost: payments.aether.internal:5432\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let head = read_head(&mut s).await.unwrap();
+    assert_eq!(head.status, 200, "CONNECT answer: {:?}", head.headers);
+    assert_eq!(head.header("x-aether-error"), None);
+    let mut payload = Vec::new();
+    for i in 0..2000u32 {
+        payload.extend_from_slice(format!("row {i};").as_bytes());
+    }
+    s.write_all(&payload).await.unwrap();
+    let mut back = vec![0u8; payload.len()];
+    within(IO_TIMEOUT, "echo", s.read_exact(&mut back))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(back, payload, "echoed through the tunnel");
+    s.shutdown().await.unwrap();
+    let (rest, end) = read_to_end_within(&mut s, IO_TIMEOUT).await;
+    assert_eq!(
+        rest, ECHO_EOF_MARKER,
+        "half-close reached the app and its last words came back"
+    );
+    assert_eq!(end, ReadEnd::Eof);
+    assert_eq!(echo.connections(), 1);
+    assert_eq!(echo.received(), payload);
+
+    // CONNECT to an HTTP port.
+    let (head, body) = raw_exchange(
+        out,
+        "CONNECT payments.aether.internal:8080 HTTP/1.1\r\nHost: payments.aether.internal:8080\r\n\r\n",
+    )
+    .await;
+    assert_raw_proxy_error(&head, &body, 400, "not-a-tcp-port", "CONNECT to 8080");
+    let (head, body) = raw_exchange(
+        out,
+        "CONNECT payments.aether.internal HTTP/1.1\r\nHost: payments.aether.internal\r\n\r\n",
+    )
+    .await;
+    // CONNECT names host:port; without a port it is either malformed or the default (HTTP)
+    // port, and either way a proxy-made 400.
+    let reason = head
+        .header("x-aether-error")
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        ["bad-authority", "not-a-tcp-port"].contains(&reason.as_str()),
+        "CONNECT without a port: {reason:?}"
+    );
+    assert_raw_proxy_error(&head, &body, 400, &reason, "CONNECT without a port");
+
+    // A plain request for the tcp port.
+    let r = get_h1(out, "payments.aether.internal:5432", "/").await;
+    assert_proxy_error(&r, 400, "not-an-http-port", "GET to 5432");
+    let r = h2_to(out)
+        .await
+        .get("http://payments.aether.internal:5432/")
+        .await
+        .unwrap();
+    assert_proxy_error(&r, 400, "not-an-http-port", "h2c GET to 5432");
+    assert_eq!(app.seen().len(), 0, "nothing reached the HTTP app");
+    assert_eq!(
+        echo.connections(),
+        1,
+        "nothing else reached the echo server"
+    );
+}
