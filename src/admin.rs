@@ -29,8 +29,8 @@ pub struct Admin {
     pub bound: AtomicBool,
     pub listeners: Arc<ListenerCheck>,
     pub set_log_filter: SetLogFilter,
-    /// Extra JSON views (config dump, clusters), filled in by the outbound side.
-    pub views: Vec<(&'static str, View)>,
+    /// Extra JSON views (config dump, clusters), set once the proxy has its identity.
+    pub views: std::sync::OnceLock<Vec<(&'static str, View)>>,
 }
 
 fn reply(
@@ -111,7 +111,11 @@ impl Admin {
                     Err(e) => reply(StatusCode::BAD_REQUEST, "text/plain", format!("{e}\n")),
                 }
             }
-            (&Method::GET, p) => match self.views.iter().find(|(name, _)| *name == p) {
+            (&Method::GET, p) => match self
+                .views
+                .get()
+                .and_then(|v| v.iter().find(|(name, _)| *name == p))
+            {
                 Some((_, view)) => json(StatusCode::OK, view()),
                 None => reply(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
             },

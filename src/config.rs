@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::identity::tls::{ServerAlpn, ALPN_H2, ALPN_HTTP1};
-use crate::identity::{IdentitySpec, SpiffeId};
+use crate::identity::{IdentityPaths, IdentitySpec, SpiffeId};
 use crate::validation::{from_yaml, read_file, FieldError, FieldErrors, Origin};
 
 /// Application protocol of an inbound chain. Every `match` on it names all four: a new kind
@@ -118,12 +118,108 @@ pub(crate) mod duration {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+/// The workload identity: PEM files (watched), or an SDS server (SPEC section 9).
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct IdentityFiles {
-    pub cert: PathBuf,
-    pub key: PathBuf,
-    pub ca: PathBuf,
+    #[serde(default)]
+    pub cert: Option<PathBuf>,
+    #[serde(default)]
+    pub key: Option<PathBuf>,
+    #[serde(default)]
+    pub ca: Option<PathBuf>,
+    /// `unix:///path` or `host:port`.
+    #[serde(default)]
+    pub sds: Option<GrpcAddress>,
+}
+
+/// Where a gRPC server (xDS, SDS) listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GrpcAddress {
+    Unix(PathBuf),
+    Tcp(String),
+}
+
+impl GrpcAddress {
+    pub fn parse(s: &str) -> Result<GrpcAddress, String> {
+        if let Some(path) = s.strip_prefix("unix://") {
+            if !path.starts_with('/') {
+                return Err(format!(
+                    "{s:?}: a unix socket address is unix:///absolute/path"
+                ));
+            }
+            return Ok(GrpcAddress::Unix(PathBuf::from(path)));
+        }
+        let (host, port) = s
+            .rsplit_once(':')
+            .ok_or_else(|| format!("{s:?} is neither unix:///path nor host:port"))?;
+        if host.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) {
+            return Err(format!("{s:?} is neither unix:///path nor host:port"));
+        }
+        Ok(GrpcAddress::Tcp(s.to_string()))
+    }
+
+    /// Loopback and unix sockets need no TLS; anything else is mTLS with the workload identity.
+    pub fn is_local(&self) -> bool {
+        match self {
+            GrpcAddress::Unix(_) => true,
+            GrpcAddress::Tcp(a) => {
+                let host = a.rsplit_once(':').map_or(a.as_str(), |(h, _)| h);
+                let host = host.trim_start_matches('[').trim_end_matches(']');
+                host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+            }
+        }
+    }
+}
+
+impl fmt::Display for GrpcAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GrpcAddress::Unix(p) => write!(f, "unix://{}", p.display()),
+            GrpcAddress::Tcp(a) => f.write_str(a),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for GrpcAddress {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        GrpcAddress::parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// `discovery.xds` (SPEC section 9).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct XdsConfig {
+    pub address: GrpcAddress,
+    #[serde(default)]
+    pub node_id: Option<String>,
+    #[serde(default)]
+    pub cluster: Option<String>,
+    #[serde(
+        default = "default_cluster_timeout",
+        deserialize_with = "duration::deserialize"
+    )]
+    pub cluster_timeout: Duration,
+    #[serde(
+        default = "default_xds_idle",
+        deserialize_with = "duration::deserialize"
+    )]
+    pub idle: Duration,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiscoveryConfig {
+    pub xds: XdsConfig,
+}
+
+fn default_cluster_timeout() -> Duration {
+    Duration::from_secs(5)
+}
+fn default_xds_idle() -> Duration {
+    Duration::from_secs(3600)
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -256,7 +352,11 @@ pub struct Config {
     pub admin: AdminConfig,
     #[serde(default)]
     pub readiness: ReadinessConfig,
-    pub catalog: CatalogConfig,
+    /// Required unless `discovery` is set (then it is not used).
+    #[serde(default)]
+    pub catalog: Option<CatalogConfig>,
+    #[serde(default)]
+    pub discovery: Option<DiscoveryConfig>,
     #[serde(default)]
     pub drain: DrainConfig,
 }
@@ -318,6 +418,24 @@ impl Config {
         let mut errs = Vec::new();
         let mut err =
             |field: String, reason: String| errs.push(FieldError::new(&origin, field, reason));
+        let id = &self.identity;
+        match (&id.cert, &id.key, &id.ca, &id.sds) {
+            (Some(_), Some(_), Some(_), None) | (None, None, None, Some(_)) => {}
+            (_, _, _, Some(_)) => err(
+                "identity.sds".into(),
+                "either cert, key and ca files or sds, not both".into(),
+            ),
+            _ => err(
+                "identity".into(),
+                "needs cert, key and ca (files) or sds (a secret discovery server)".into(),
+            ),
+        }
+        if self.catalog.is_none() && self.discovery.is_none() {
+            err(
+                "catalog".into(),
+                "missing field `catalog` (or `discovery` for a control plane)".into(),
+            );
+        }
         if !is_dns_name(&self.mesh_domain) {
             err(
                 "mesh_domain".into(),
@@ -408,10 +526,16 @@ impl Config {
 
     /// What the workload identity is built from.
     pub fn identity_spec(&self) -> IdentitySpec {
+        let id = &self.identity;
         IdentitySpec {
-            cert: self.identity.cert.clone(),
-            key: self.identity.key.clone(),
-            ca: self.identity.ca.clone(),
+            files: match (&id.cert, &id.key, &id.ca) {
+                (Some(cert), Some(key), Some(ca)) => Some(IdentityPaths {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    ca: ca.clone(),
+                }),
+                _ => None,
+            },
             trust_domain: self.trust_domain.clone(),
             served: self
                 .inbound

@@ -23,3 +23,4 @@ pub mod readiness;
 pub mod run;
 pub mod validation;
 pub mod watch;
+pub mod xds;

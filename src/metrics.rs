@@ -52,6 +52,14 @@ pub struct ResultLabels {
     pub result: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct XdsUpdateLabels {
+    /// `cluster`, `endpoint` or `secret`.
+    pub r#type: &'static str,
+    /// `ack` or `nack`.
+    pub result: &'static str,
+}
+
 pub struct Metrics {
     pub registry: Registry,
     pub requests: Family<RequestLabels, Counter>,
@@ -61,6 +69,9 @@ pub struct Metrics {
     pub outlier_ejections: Family<ServicePortLabels, Counter>,
     pub catalog_reloads: Family<ResultLabels, Counter>,
     pub identity_reloads: Family<ResultLabels, Counter>,
+    /// 1 while the ADS stream is up.
+    pub xds_connected: Gauge,
+    pub xds_updates: Family<XdsUpdateLabels, Counter>,
 }
 
 fn duration_histogram() -> Histogram {
@@ -81,6 +92,18 @@ impl Metrics {
         let outlier_ejections = Family::<ServicePortLabels, Counter>::default();
         let catalog_reloads = Family::<ResultLabels, Counter>::default();
         let identity_reloads = Family::<ResultLabels, Counter>::default();
+        let xds_connected = Gauge::default();
+        let xds_updates = Family::<XdsUpdateLabels, Counter>::default();
+        registry.register(
+            "aether_xds_connected",
+            "1 while the control-plane stream is up",
+            xds_connected.clone(),
+        );
+        registry.register(
+            "aether_xds_updates",
+            "Control-plane updates, acknowledged or refused",
+            xds_updates.clone(),
+        );
         registry.register("aether_requests", "Requests handled", requests.clone());
         registry.register(
             "aether_request_duration_seconds",
@@ -137,7 +160,16 @@ impl Metrics {
             outlier_ejections,
             catalog_reloads,
             identity_reloads,
+            xds_connected,
+            xds_updates,
         }
+    }
+
+    pub fn xds_update(&self, r#type: &'static str, ack: bool) {
+        let result = if ack { "ack" } else { "nack" };
+        self.xds_updates
+            .get_or_create(&XdsUpdateLabels { r#type, result })
+            .inc();
     }
 
     pub fn encode(&self) -> String {

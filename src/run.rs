@@ -36,18 +36,27 @@ enum StartError {
     Identity(#[from] IdentityError),
     #[error("admin thread: {0}")]
     AdminThread(std::io::Error),
+    #[error("the SDS client stopped before an identity arrived")]
+    NoIdentity,
 }
 
 /// `aether-proxy check`: exit 0 when the config, its catalog and its identity files are good.
 pub fn check(path: &Path) -> ExitCode {
     match load(path) {
         Ok((cfg, catalog)) => {
+            let source = match (&cfg.discovery, &cfg.catalog) {
+                (Some(d), _) => format!("control plane {}", d.xds.address),
+                (None, Some(c)) => format!(
+                    "{} service(s) in {}",
+                    catalog.map_or(0, |c| c.services.len()),
+                    c.path.display()
+                ),
+                (None, None) => "no catalog".into(),
+            };
             println!(
-                "{}: ok ({} inbound port(s), {} service(s) in {})",
+                "{}: ok ({} inbound port(s), {source})",
                 path.display(),
                 cfg.inbound.ports.len(),
-                catalog.services.len(),
-                cfg.catalog.path.display()
             );
             ExitCode::SUCCESS
         }
@@ -60,23 +69,31 @@ pub fn check(path: &Path) -> ExitCode {
     }
 }
 
-fn load(path: &Path) -> Result<(Config, Catalog), Vec<String>> {
+/// The config, and its catalog file unless a control plane provides the catalog; identity
+/// files are checked when the identity does not come over SDS.
+fn load(path: &Path) -> Result<(Config, Option<Catalog>), Vec<String>> {
     let cfg =
         Config::load(path).map_err(|e| e.0.iter().map(|e| e.to_string()).collect::<Vec<_>>())?;
     let mut errors = Vec::new();
-    let catalog = match Catalog::load(&cfg.catalog.path, &cfg.trust_domain) {
-        Ok(c) => Some(c),
-        Err(e) => {
-            errors.extend(e.0.iter().map(|e| e.to_string()));
-            None
-        }
+    let catalog = match (&cfg.discovery, &cfg.catalog) {
+        (None, Some(c)) => match Catalog::load(&c.path, &cfg.trust_domain) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                errors.extend(e.0.iter().map(|e| e.to_string()));
+                None
+            }
+        },
+        _ => None,
     };
-    if let Err(e) = Contexts::build(&cfg.identity_spec()) {
-        errors.push(format!("{}: identity: {e}", path.display()));
+    if cfg.identity.sds.is_none() {
+        if let Err(e) = Contexts::build(&cfg.identity_spec()) {
+            errors.push(format!("{}: identity: {e}", path.display()));
+        }
     }
-    match catalog {
-        Some(c) if errors.is_empty() => Ok((cfg, c)),
-        _ => Err(errors),
+    if errors.is_empty() {
+        Ok((cfg, catalog))
+    } else {
+        Err(errors)
     }
 }
 
@@ -153,36 +170,22 @@ async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, Start
     sock.listen(1024).map_err(err("cannot listen"))
 }
 
-/// Binds every listener and starts serving; any failure here is a start-up error.
+/// Binds every listener and starts serving; any failure here is a start-up error. With SDS,
+/// the admin listener serves (not ready) while the first identity is awaited; the data
+/// listeners are bound once it has arrived.
 async fn start(
     cfg: Arc<Config>,
-    catalog: Catalog,
+    catalog: Option<Catalog>,
     set_log_filter: SetLogFilter,
 ) -> Result<Running, StartError> {
-    let identity = IdentityStore::load(cfg.identity_spec())?;
     let drain = Drain::default();
     let tracker = Tracker::default();
-    let catalog = Arc::new(CatalogStore::new(catalog));
-    let inbound = Arc::new(Inbound::new(
-        &cfg,
-        identity.clone(),
-        drain.clone(),
-        tracker.clone(),
-    ));
-    let outbound = Arc::new(Outbound::new(
-        &cfg,
-        catalog.clone(),
-        identity.clone(),
-        drain.clone(),
-        tracker.clone(),
-    ));
-    let clusters = outbound.clusters.clone();
     let admin = Arc::new(Admin {
         drain: drain.clone(),
         bound: Default::default(),
         listeners: ListenerCheck::new(cfg.readiness.required_listeners.clone()),
         set_log_filter,
-        views: admin_views(&cfg, &catalog, &clusters, &identity),
+        views: Default::default(),
     });
     let admin_listener = bind("admin", cfg.admin.listen)
         .await?
@@ -193,8 +196,6 @@ async fn start(
             step: "detach",
             source,
         })?;
-    let inbound_listener = bind("inbound", cfg.inbound.listen).await?;
-    let outbound_listener = bind("outbound", cfg.outbound.listen).await?;
     {
         // Its own thread and runtime: scrapes never queue behind data-path work.
         let admin = admin.clone();
@@ -214,12 +215,63 @@ async fn start(
             })
             .map_err(StartError::AdminThread)?;
     }
+    let identity = match &cfg.identity.sds {
+        None => IdentityStore::load(cfg.identity_spec())?,
+        Some(addr) => {
+            tracing::info!(sds = %addr, "waiting for the workload identity");
+            let node = crate::xds::ads::sds_node(&cfg);
+            crate::xds::sds::spawn(addr.clone(), cfg.identity_spec(), node)
+                .await
+                .map_err(|_| StartError::NoIdentity)?
+        }
+    };
+    let catalog = Arc::new(CatalogStore::new(catalog.unwrap_or_else(|| Catalog {
+        on_demand: cfg.discovery.as_ref().map(|d| crate::catalog::OnDemand {
+            timeout: d.xds.cluster_timeout,
+            absent: Default::default(),
+        }),
+        ..Default::default()
+    })));
+    let inbound = Arc::new(Inbound::new(
+        &cfg,
+        identity.clone(),
+        drain.clone(),
+        tracker.clone(),
+    ));
+    let outbound = Arc::new(Outbound::new(
+        &cfg,
+        catalog.clone(),
+        identity.clone(),
+        drain.clone(),
+        tracker.clone(),
+    ));
+    let xds = cfg
+        .discovery
+        .as_ref()
+        .map(|d| crate::xds::ads::Ads::new(&cfg, &d.xds, catalog.clone(), identity.clone()));
+    let _ = admin.views.set(admin_views(
+        &cfg,
+        &catalog,
+        &outbound.clusters,
+        &identity,
+        xds.as_ref().map(|x| x.status.clone()),
+    ));
+    let inbound_listener = bind("inbound", cfg.inbound.listen).await?;
+    let outbound_listener = bind("outbound", cfg.outbound.listen).await?;
     let listeners = vec![
         tokio::spawn(inbound.serve(inbound_listener)),
         tokio::spawn(outbound.serve(outbound_listener)),
     ];
-    crate::catalog::file::watch(cfg.catalog.path.clone(), cfg.trust_domain.clone(), catalog);
-    watch_identity(identity.clone());
+    match (xds, &cfg.catalog) {
+        (Some(xds), _) => xds.spawn(),
+        (None, Some(c)) => {
+            crate::catalog::file::watch(c.path.clone(), cfg.trust_domain.clone(), catalog)
+        }
+        (None, None) => {}
+    }
+    if cfg.identity.sds.is_none() {
+        watch_identity(identity.clone());
+    }
     admin.bound.store(true, Ordering::Release);
     tracing::info!(
         inbound = %cfg.inbound.listen,
@@ -242,7 +294,11 @@ struct Running {
     listeners: Vec<tokio::task::JoinHandle<()>>,
 }
 
-async fn serve(cfg: Arc<Config>, catalog: Catalog, set_log_filter: SetLogFilter) -> ExitCode {
+async fn serve(
+    cfg: Arc<Config>,
+    catalog: Option<Catalog>,
+    set_log_filter: SetLogFilter,
+) -> ExitCode {
     let Running {
         drain,
         tracker,
@@ -308,6 +364,7 @@ fn admin_views(
     catalog: &Arc<CatalogStore>,
     clusters: &Arc<Clusters>,
     identity: &Arc<IdentityStore>,
+    xds: Option<Arc<arc_swap::ArcSwap<crate::xds::ads::Status>>>,
 ) -> Vec<(&'static str, crate::admin::View)> {
     let c = clusters.clone();
     let clusters_view: crate::admin::View = Box::new(move || c.to_json());
@@ -326,6 +383,7 @@ fn admin_views(
                 "locality": cfg.locality.as_ref().map(|l| l.to_string()),
                 "identity": {
                     "cert": cfg.identity.cert, "key": cfg.identity.key, "ca": cfg.identity.ca,
+                    "sds": cfg.identity.sds.as_ref().map(|a| a.to_string()),
                     "spiffe_id": id.identity.spiffe_id, "serial": id.identity.serial,
                 },
                 "source_identities": cfg.source_identities.iter().map(|s| serde_json::json!({
@@ -342,7 +400,14 @@ fn admin_views(
                 "outbound": { "listen": cfg.outbound.listen.to_string() },
                 "admin": { "listen": cfg.admin.listen.to_string() },
                 "readiness": { "required_listeners": cfg.readiness.required_listeners },
-                "catalog": { "path": cfg.catalog.path },
+                "catalog": { "path": cfg.catalog.as_ref().map(|c| &c.path) },
+                "discovery": cfg.discovery.as_ref().map(|d| serde_json::json!({
+                    "xds": {
+                        "address": d.xds.address.to_string(),
+                        "cluster_timeout": humantime::format_duration(d.xds.cluster_timeout).to_string(),
+                        "idle": humantime::format_duration(d.xds.idle).to_string(),
+                    }
+                })),
                 "drain": {
                     "notify": humantime::format_duration(cfg.drain.notify).to_string(),
                     "timeout": humantime::format_duration(cfg.drain.timeout).to_string(),
@@ -353,6 +418,7 @@ fn admin_views(
                 "services": catalog.load().services.keys().collect::<Vec<_>>(),
             },
             "clusters": c.to_json()["clusters"].clone(),
+            "xds": xds.as_ref().map(|x| serde_json::to_value(&**x.load()).unwrap_or_default()),
         })
     });
     vec![("/clusters", clusters_view), ("/config_dump", dump)]

@@ -10,8 +10,9 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::model::{
-    Catalog, Endpoint, HeaderMatch, Labels, PortProtocol, Route, RouteTarget, Service,
-    WeightedSubset, DEFAULT_CONNECT_TIMEOUT, DEFAULT_INBOUND_PORT, DEFAULT_REQUEST_TIMEOUT,
+    Breakers, Catalog, Endpoint, HeaderMatch, Labels, Outlier, PortProtocol, Route, RouteTarget,
+    Service, Usage, WeightedSubset, DEFAULT_CONNECT_TIMEOUT, DEFAULT_INBOUND_PORT,
+    DEFAULT_REQUEST_TIMEOUT,
 };
 use super::store::CatalogStore;
 use crate::config::{duration, Locality};
@@ -56,6 +57,12 @@ struct RawEndpoint {
     labels: Labels,
     #[serde(default)]
     draining: bool,
+    #[serde(default = "one")]
+    weight: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -115,6 +122,7 @@ impl Catalog {
             Ok(Catalog {
                 services,
                 version: 0,
+                on_demand: None,
             })
         } else {
             Err(FieldErrors(errs))
@@ -190,15 +198,23 @@ fn service(
                 );
             }
         }
+        if e.weight == 0 {
+            err(
+                format!(".endpoints[{i}].weight"),
+                "weight must be at least 1".into(),
+            );
+        }
         endpoints.push(Endpoint {
             address,
             ports,
             locality: e.locality,
             labels: e.labels,
             draining: e.draining,
+            weight: e.weight,
+            priority: None,
         });
     }
-    let ports = endpoints
+    let ports: BTreeSet<u16> = endpoints
         .iter()
         .flat_map(|e| e.ports.iter().copied())
         .collect();
@@ -211,8 +227,14 @@ fn service(
         request_timeout: raw.request_timeout.unwrap_or(DEFAULT_REQUEST_TIMEOUT),
         max_requests_per_connection: raw.max_requests_per_connection,
         routes,
+        outlier: Outlier::default(),
+        breakers: Breakers::default(),
         endpoints,
+        loaded: ports.clone(),
         ports,
+        ports_complete: true,
+        absent_ports: BTreeSet::new(),
+        usage: Usage::new(),
     }
 }
 
@@ -258,6 +280,37 @@ fn route(i: usize, r: RawRoute, err: &mut impl FnMut(String, String)) -> Option<
         }
     };
     Some(Route { matches, target })
+}
+
+/// A service's `routes` in the catalog's shape from any other source (the control plane's
+/// `aether.io` metadata). Errors: (field path below `routes`, reason).
+pub fn parse_routes(value: serde_json::Value) -> Result<Vec<Route>, (String, String)> {
+    let raw: Vec<RawRoute> = serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let path = if path == "." {
+            String::new()
+        } else {
+            format!(".{path}")
+        };
+        (path, e.into_inner().to_string())
+    })?;
+    let mut first = None;
+    let routes = raw
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, r)| {
+            route(i, r, &mut |f: String, e: String| {
+                first.get_or_insert((
+                    f.replacen(&format!(".routes[{i}]"), &format!("[{i}]"), 1),
+                    e,
+                ));
+            })
+        })
+        .collect();
+    match first {
+        Some(e) => Err(e),
+        None => Ok(routes),
+    }
 }
 
 /// `10.0.0.5` (port 15008) or `10.0.0.5:15009` or `[::1]:15008`.

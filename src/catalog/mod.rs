@@ -7,7 +7,7 @@ pub mod model;
 pub mod store;
 
 pub use model::{
-    Catalog, Endpoint, HeaderMatch, Labels, PortProtocol, Route, RouteTarget, Service,
-    WeightedSubset, DEFAULT_INBOUND_PORT,
+    Breakers, Catalog, Endpoint, HeaderMatch, Labels, OnDemand, Outlier, PortProtocol, Route,
+    RouteTarget, Service, Usage, WeightedSubset, DEFAULT_INBOUND_PORT,
 };
 pub use store::CatalogStore;

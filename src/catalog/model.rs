@@ -2,7 +2,7 @@
 //! validated types. Whatever source a catalog comes from (the file today, the control plane
 //! next), it arrives as one of these, immutable; a new one replaces it whole.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -66,7 +66,53 @@ pub struct Endpoint {
     pub locality: Option<Locality>,
     pub labels: Labels,
     pub draining: bool,
+    /// Relative share within its locality (at least 1).
+    pub weight: u32,
+    /// The control plane's priority (Envoy's semantics); `None`: the proxy's own zone/region
+    /// ordering decides.
+    pub priority: Option<u32>,
 }
+
+/// Outlier detection (Envoy's defaults unless the source says otherwise): consecutive 5xx or
+/// connect failures before ejection, the base ejection time (times the number of ejections),
+/// and the share of a cluster that may be ejected at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outlier {
+    pub consecutive: u32,
+    pub base_ejection: Duration,
+    pub max_percent: u32,
+}
+
+impl Default for Outlier {
+    fn default() -> Self {
+        Outlier {
+            consecutive: 5,
+            base_ejection: Duration::from_secs(30),
+            max_percent: 10,
+        }
+    }
+}
+
+/// Circuit breakers per cluster (Envoy's defaults): requests in flight (pending and active
+/// together) and upstream connections. Past them: 503 `overflow`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Breakers {
+    pub max_requests: u32,
+    pub max_connections: u32,
+}
+
+impl Default for Breakers {
+    fn default() -> Self {
+        Breakers {
+            max_requests: 1024,
+            max_connections: 1024,
+        }
+    }
+}
+
+/// When a service was last routed to, per port, for sources that forget what is unused (the
+/// control plane's on-demand clusters). Shared by the source across the catalogs it builds.
+pub type Usage = BTreeMap<u16, Arc<std::sync::atomic::AtomicU64>>;
 
 #[derive(Debug, Clone)]
 pub struct Service {
@@ -81,9 +127,20 @@ pub struct Service {
     /// 0 = unlimited.
     pub max_requests_per_connection: u32,
     pub routes: Vec<Route>,
+    pub outlier: Outlier,
+    pub breakers: Breakers,
     pub endpoints: Vec<Endpoint>,
-    /// Union of every listed endpoint's ports, draining ones included: the ports that exist.
+    /// The ports that exist: for the file, the union of every listed endpoint's ports,
+    /// draining ones included.
     pub ports: BTreeSet<u16>,
+    /// True when a port outside `ports` certainly does not exist (the file; a control plane
+    /// that sent `aether.io.ports`). False: such a port may still be discovered.
+    pub ports_complete: bool,
+    /// Ports known not to exist (the control plane reported their cluster absent).
+    pub absent_ports: BTreeSet<u16>,
+    /// Ports in `ports` whose endpoint set is known (all of them for the file).
+    pub loaded: BTreeSet<u16>,
+    pub usage: Usage,
 }
 
 impl Service {
@@ -97,6 +154,34 @@ impl Service {
     pub fn exposes(&self, port: u16) -> bool {
         self.ports.contains(&port)
     }
+
+    /// Notes that `port` was routed to now (see `Usage`); one relaxed store at most per second.
+    pub fn touch(&self, port: u16) {
+        if let Some(at) = self.usage.get(&port) {
+            let now = crate::catalog::model::clock_secs();
+            if at.load(std::sync::atomic::Ordering::Relaxed) != now {
+                at.store(now, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// Seconds on a process-wide monotonic clock (for `Usage`).
+pub fn clock_secs() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_secs()
+}
+
+/// How a source that discovers on demand answers for names it does not hold yet.
+#[derive(Debug, Clone, Default)]
+pub struct OnDemand {
+    /// How long a first request waits for the source to answer.
+    pub timeout: Duration,
+    /// Services known not to exist.
+    pub absent: BTreeSet<String>,
 }
 
 /// One validated catalog. `version` is set by the store when the catalog is applied: it starts
@@ -106,12 +191,15 @@ pub struct Catalog {
     /// Shared with the clusters built from it.
     pub services: BTreeMap<String, Arc<Service>>,
     pub version: u64,
+    /// `None`: the catalog is complete (the file): a name it lacks does not exist. `Some`: a
+    /// name it lacks may be asked for (`CatalogStore::want`).
+    pub on_demand: Option<OnDemand>,
 }
 
 impl Catalog {
     /// Every (endpoint, port, pinned identity) the catalog lists: what a pooled upstream
     /// connection must still match to stay useful.
-    pub fn live_upstreams(&self) -> std::collections::HashSet<(SocketAddr, u16, &SpiffeId)> {
+    pub fn live_upstreams(&self) -> HashSet<(SocketAddr, u16, &SpiffeId)> {
         self.services
             .values()
             .flat_map(|s| {

@@ -5,8 +5,10 @@
 
 use std::sync::Arc;
 
+use std::sync::OnceLock;
+
 use arc_swap::{ArcSwap, Guard};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 use super::model::Catalog;
 
@@ -14,6 +16,8 @@ pub struct CatalogStore {
     current: ArcSwap<Catalog>,
     /// The applied version, for whatever wants to hear of a change rather than check for one.
     changed: watch::Sender<u64>,
+    /// Where names a request needs go, for a source that discovers on demand.
+    wants: OnceLock<mpsc::UnboundedSender<String>>,
 }
 
 impl CatalogStore {
@@ -23,6 +27,22 @@ impl CatalogStore {
         CatalogStore {
             current: ArcSwap::from_pointee(first),
             changed: watch::Sender::new(1),
+            wants: OnceLock::new(),
+        }
+    }
+
+    /// Connects an on-demand source: it receives the names requests ask for (`want`).
+    pub fn take_wants(&self) -> Option<mpsc::UnboundedReceiver<String>> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.wants.set(tx).ok()?;
+        Some(rx)
+    }
+
+    /// Asks the on-demand source for a cluster name (`svc.<domain>[:port]`); the answer comes
+    /// as a new catalog. Repeated asks are cheap: the source subscribes once.
+    pub fn want(&self, name: String) {
+        if let Some(tx) = self.wants.get() {
+            let _ = tx.send(name);
         }
     }
 

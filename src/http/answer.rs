@@ -28,6 +28,8 @@ pub enum Reason {
     UpstreamIdentityMismatch,
     AppUnavailable,
     UpstreamTimeout,
+    Overflow,
+    DiscoveryTimeout,
 }
 
 impl Reason {
@@ -48,6 +50,8 @@ impl Reason {
             Reason::UpstreamIdentityMismatch => "upstream-identity-mismatch",
             Reason::AppUnavailable => "app-unavailable",
             Reason::UpstreamTimeout => "upstream-timeout",
+            Reason::Overflow => "overflow",
+            Reason::DiscoveryTimeout => "discovery-timeout",
         }
     }
 
@@ -67,7 +71,9 @@ impl Reason {
             | Reason::NoHealthyUpstream
             | Reason::UpstreamConnectFailure
             | Reason::UpstreamIdentityMismatch
-            | Reason::AppUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            | Reason::AppUnavailable
+            | Reason::Overflow
+            | Reason::DiscoveryTimeout => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -88,6 +94,8 @@ impl Reason {
             Reason::UpstreamIdentityMismatch => "upstream identity does not match the service",
             Reason::AppUnavailable => "the application port did not answer",
             Reason::UpstreamTimeout => "upstream did not answer in time",
+            Reason::Overflow => "a circuit breaker of the cluster is full",
+            Reason::DiscoveryTimeout => "the control plane did not answer for the cluster in time",
         }
     }
 

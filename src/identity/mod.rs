@@ -13,5 +13,5 @@ pub mod tls;
 pub mod workload;
 
 pub use spiffe::SpiffeId;
-pub use store::{Contexts, IdentitySpec, IdentityStore};
+pub use store::{Contexts, IdentityPaths, IdentitySpec, IdentityStore};
 pub use workload::{Identity, IdentityError};

@@ -13,23 +13,34 @@ use boring::ssl::SslAcceptor;
 use super::tls::{self, ServerAlpn};
 use super::workload::{Identity, IdentityError};
 
-/// What an identity is built from: the files, the trust domain, and the ports served inbound
-/// (each gets its own server context).
+/// The workload's PEM files.
 #[derive(Debug, Clone)]
-pub struct IdentitySpec {
+pub struct IdentityPaths {
     pub cert: PathBuf,
     pub key: PathBuf,
     pub ca: PathBuf,
+}
+
+/// What an identity is built from: the files (or, with SDS, PEM pushed by the control plane),
+/// the trust domain, and the ports served inbound (each gets its own server context).
+#[derive(Debug, Clone)]
+pub struct IdentitySpec {
+    /// `None`: the identity arrives over SDS.
+    pub files: Option<IdentityPaths>,
     pub trust_domain: String,
     pub served: Vec<(u16, ServerAlpn)>,
-    /// Per-source client identities: (the app connection's source, cert, key).
+    /// Per-source client identities: (the app connection's source, cert, key); their trust
+    /// bundle is the workload's.
     pub sources: Vec<(IpAddr, PathBuf, PathBuf)>,
 }
 
 impl IdentitySpec {
     /// Every file the identity is read from (watched for rotation).
     pub fn files(&self) -> Vec<PathBuf> {
-        let mut v = vec![self.cert.clone(), self.key.clone(), self.ca.clone()];
+        let mut v = Vec::new();
+        if let Some(f) = &self.files {
+            v.extend([f.cert.clone(), f.key.clone(), f.ca.clone()]);
+        }
         for (_, cert, key) in &self.sources {
             v.push(cert.clone());
             v.push(key.clone());
@@ -48,10 +59,38 @@ pub struct Contexts {
     pub source_connectors: HashMap<IpAddr, tls::Client>,
 }
 
+fn read(path: &std::path::Path) -> Result<Vec<u8>, IdentityError> {
+    std::fs::read(path).map_err(|source| IdentityError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
 impl Contexts {
+    /// From the spec's files.
     pub fn build(spec: &IdentitySpec) -> Result<Contexts, IdentityError> {
+        let f = spec.files.as_ref().ok_or(IdentityError::NoFiles)?;
+        let identity = Identity::load(&f.cert, &f.key, &f.ca, &spec.trust_domain)?;
+        Contexts::with_identity(spec, identity, &read(&f.ca)?)
+    }
+
+    /// From PEM the control plane pushed (SDS).
+    pub fn from_pem(
+        spec: &IdentitySpec,
+        cert: &[u8],
+        key: &[u8],
+        ca: &[u8],
+    ) -> Result<Contexts, IdentityError> {
+        let identity = Identity::from_pem(cert, key, ca, &spec.trust_domain)?;
+        Contexts::with_identity(spec, identity, ca)
+    }
+
+    fn with_identity(
+        spec: &IdentitySpec,
+        identity: Identity,
+        ca_pem: &[u8],
+    ) -> Result<Contexts, IdentityError> {
         let td = &spec.trust_domain;
-        let identity = Identity::load(&spec.cert, &spec.key, &spec.ca, td)?;
         let mut acceptors = HashMap::new();
         for (port, alpn) in &spec.served {
             acceptors.insert(*port, tls::acceptor(&identity, td, *port, *alpn)?);
@@ -59,7 +98,12 @@ impl Contexts {
         let connector = tls::connector(&identity)?;
         let mut source_connectors = HashMap::new();
         for (source, cert, key) in &spec.sources {
-            let id = Identity::load(cert, key, &spec.ca, td)?;
+            let id = Identity::from_pem(&read(cert)?, &read(key)?, ca_pem, td).map_err(|e| {
+                IdentityError::Source {
+                    cert: cert.clone(),
+                    source: Box::new(e),
+                }
+            })?;
             source_connectors.insert(*source, tls::connector(&id)?);
         }
         Ok(Contexts {
@@ -90,9 +134,24 @@ pub struct IdentityStore {
 }
 
 impl IdentityStore {
+    /// From the spec's files.
     pub fn load(spec: IdentitySpec) -> Result<Arc<IdentityStore>, IdentityError> {
-        let current = ArcSwap::from_pointee(Contexts::build(&spec)?);
-        Ok(Arc::new(IdentityStore { spec, current }))
+        let first = Contexts::build(&spec)?;
+        Ok(IdentityStore::with(spec, first))
+    }
+
+    /// Starting from contexts built elsewhere (the first identity SDS pushed).
+    pub fn with(spec: IdentitySpec, first: Contexts) -> Arc<IdentityStore> {
+        Arc::new(IdentityStore {
+            spec,
+            current: ArcSwap::from_pointee(first),
+        })
+    }
+
+    /// Swaps in a new identity (an SDS push).
+    pub fn replace(&self, next: Contexts) {
+        tracing::info!(serial = %next.identity.serial, id = %next.identity.spiffe_id, "identity loaded");
+        self.current.store(Arc::new(next));
     }
 
     pub fn spec(&self) -> &IdentitySpec {
@@ -105,9 +164,7 @@ impl IdentityStore {
 
     /// Re-reads the files; on any error the previous identity stays in use.
     pub fn reload(&self) -> Result<(), IdentityError> {
-        let next = Contexts::build(&self.spec)?;
-        tracing::info!(serial = %next.identity.serial, id = %next.identity.spiffe_id, "identity loaded");
-        self.current.store(Arc::new(next));
+        self.replace(Contexts::build(&self.spec)?);
         Ok(())
     }
 }
@@ -160,9 +217,11 @@ mod tests {
         let w = Workload::parse("default/payments").unwrap();
         certgen::generate(dir.path(), "aether.local", &[w]).unwrap();
         let spec = IdentitySpec {
-            cert: dir.path().join("payments.crt"),
-            key: dir.path().join("payments.key"),
-            ca: dir.path().join("ca.crt"),
+            files: Some(IdentityPaths {
+                cert: dir.path().join("payments.crt"),
+                key: dir.path().join("payments.key"),
+                ca: dir.path().join("ca.crt"),
+            }),
             trust_domain: "aether.local".into(),
             served: vec![
                 (8080, ServerAlpn::ClientFirst),

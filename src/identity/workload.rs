@@ -25,6 +25,13 @@ pub enum IdentityError {
         ca: PathBuf,
         source: Box<IdentityError>,
     },
+    #[error("source identity {}: {source}", cert.display())]
+    Source {
+        cert: PathBuf,
+        source: Box<IdentityError>,
+    },
+    #[error("no identity files (the identity comes from SDS)")]
+    NoFiles,
     #[error("bad {what} PEM: {source}")]
     Pem {
         what: &'static str,

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
 
@@ -16,12 +16,6 @@ use super::route::cluster_name;
 use crate::catalog::{Catalog, CatalogStore, Endpoint, Labels, Service};
 use crate::config::Locality;
 use crate::metrics;
-
-/// Outlier detection (Envoy defaults): consecutive failures before ejection, base ejection
-/// time (multiplied by the number of ejections), and the share of a cluster ejectable at once.
-pub const OUTLIER_CONSECUTIVE: u32 = 5;
-pub const OUTLIER_BASE_EJECTION: Duration = Duration::from_secs(30);
-pub const OUTLIER_MAX_PERCENT: usize = 10;
 
 /// Counters that outlive catalog reloads: a rebuilt cluster shares them with its predecessor,
 /// so requests in flight across a reload still count, and outlier history is kept.
@@ -41,6 +35,8 @@ pub struct EndpointState {
     pub locality: Option<Locality>,
     pub labels: Labels,
     pub draining: bool,
+    pub weight: u32,
+    pub priority: Option<u32>,
     pub stats: Arc<EndpointStats>,
 }
 
@@ -51,6 +47,8 @@ impl EndpointState {
             locality: e.locality.clone(),
             labels: e.labels.clone(),
             draining: e.draining,
+            weight: e.weight.max(1),
+            priority: e.priority,
             stats,
         }
     }
@@ -87,11 +85,33 @@ pub struct Cluster {
     pub port: u16,
     /// Every listed endpoint that advertises the port, draining ones included.
     pub endpoints: Vec<Arc<EndpointState>>,
+    /// The control plane gave priorities: they order endpoints instead of locality.
+    pub by_priority: bool,
+    /// Requests in flight on this cluster (the request circuit breaker); shared with the
+    /// cluster's predecessors and successors across catalog changes.
+    requests: Arc<AtomicU32>,
     /// Where outlier time is measured from.
     epoch: Instant,
 }
 
+/// A request's place under its cluster's circuit breaker, released when dropped.
+pub struct Admitted(Arc<AtomicU32>);
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 impl Cluster {
+    /// A place for one more request, or `None` when the breaker is full (503 `overflow`).
+    pub fn admit(&self) -> Option<Admitted> {
+        let max = self.service.breakers.max_requests;
+        let prev = self.requests.fetch_add(1, Ordering::Relaxed);
+        let admitted = Admitted(self.requests.clone());
+        (prev < max).then_some(admitted)
+    }
+
     pub fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
     }
@@ -103,8 +123,9 @@ impl Cluster {
             st.consecutive_failures.store(0, Ordering::Relaxed);
             return;
         }
+        let outlier = &self.service.outlier;
         let n = st.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
-        if n < OUTLIER_CONSECUTIVE {
+        if n < outlier.consecutive {
             return;
         }
         let now = self.now_ms();
@@ -112,12 +133,12 @@ impl Cluster {
             return;
         }
         let ejected = self.endpoints.iter().filter(|x| x.is_ejected(now)).count();
-        let max = (self.endpoints.len() * OUTLIER_MAX_PERCENT / 100).max(1);
+        let max = (self.endpoints.len() * outlier.max_percent as usize / 100).max(1);
         if ejected >= max {
             return;
         }
         let times = st.ejections.fetch_add(1, Ordering::Relaxed) + 1;
-        let until = now + (OUTLIER_BASE_EJECTION.as_millis() as u64) * times as u64;
+        let until = now + (outlier.base_ejection.as_millis() as u64) * times as u64;
         st.ejected_until_ms.store(until, Ordering::Relaxed);
         st.consecutive_failures.store(0, Ordering::Relaxed);
         tracing::warn!(cluster = %self.name, endpoint = %e.address, times, "outlier: endpoint ejected");
@@ -232,12 +253,14 @@ impl Clusters {
                     .unwrap_or_default();
                 Arc::new(EndpointState::new(e, stats))
             })
-            .collect();
+            .collect::<Vec<_>>();
         Cluster {
             name: cluster_name(&svc.name, &self.mesh_domain, port, svc.default_port),
+            by_priority: endpoints.iter().any(|e| e.priority.unwrap_or(0) != 0),
             service: svc,
             port,
             endpoints,
+            requests: old.map(|o| o.requests.clone()).unwrap_or_default(),
             epoch: self.epoch,
         }
     }

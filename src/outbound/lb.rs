@@ -24,6 +24,20 @@ pub fn priority(own: Option<&Locality>, ep: Option<&Locality>) -> usize {
     }
 }
 
+/// Priority levels: locality gives three; a control plane's priorities above this share the
+/// last level.
+const LEVELS: usize = 8;
+
+/// The level of an endpoint: the control plane's priority when the cluster has them, else the
+/// locality ordering.
+fn level(cluster: &Cluster, own: Option<&Locality>, e: &EndpointState) -> usize {
+    if cluster.by_priority {
+        (e.priority.unwrap_or(0) as usize).min(LEVELS - 1)
+    } else {
+        priority(own, e.locality.as_ref())
+    }
+}
+
 /// Picks an endpoint for a new request. `exclude` holds endpoints already tried by this
 /// request. `roll` values are uniform random numbers (injected for tests).
 pub fn pick(
@@ -41,15 +55,15 @@ pub fn pick(
             .iter()
             .filter(|e| !e.draining && subset.is_none_or(|s| labels_match(&e.labels, s)))
     };
-    let mut total = [0usize; 3];
-    let mut healthy = [0usize; 3];
+    let mut total = [0usize; LEVELS];
+    let mut healthy = [0usize; LEVELS];
     let mut any = false;
     for e in eligible() {
         any = true;
         if exclude.contains(&e.address) {
             continue;
         }
-        let p = priority(own, e.locality.as_ref());
+        let p = level(cluster, own, e);
         total[p] += 1;
         if !e.is_ejected(now) {
             healthy[p] += 1;
@@ -66,9 +80,9 @@ pub fn pick(
         return Err(Reason::NoHealthyUpstream);
     }
     // Priority load: each level takes its overprovisioned health, spilling the rest down.
-    let mut load = [0f64; 3];
+    let mut load = [0f64; LEVELS];
     let mut remaining = 1.0f64;
-    for p in 0..3 {
+    for p in 0..LEVELS {
         if total[p] == 0 {
             continue;
         }
@@ -78,10 +92,10 @@ pub fn pick(
     }
     let sum: f64 = load.iter().sum();
     let mut r = (roll(1_000_000) as f64 / 1_000_000.0) * sum;
-    let mut level = 0;
+    let mut chosen_level = 0;
     for (p, l) in load.iter().enumerate() {
         if *l > 0.0 {
-            level = p;
+            chosen_level = p;
             if r < *l {
                 break;
             }
@@ -92,15 +106,31 @@ pub fn pick(
         .filter(|e| {
             !exclude.contains(&e.address)
                 && !e.is_ejected(now)
-                && priority(own, e.locality.as_ref()) == level
+                && level(cluster, own, e) == chosen_level
         })
         .collect();
+    let equal_weights = candidates.windows(2).all(|w| w[0].weight == w[1].weight);
+    let mut sample = || {
+        if equal_weights {
+            return candidates[roll(candidates.len())];
+        }
+        // Weighted: each candidate's chance is its share of the level's weight.
+        let total: u64 = candidates.iter().map(|e| u64::from(e.weight)).sum();
+        let mut at = roll(total as usize) as u64;
+        for e in &candidates {
+            if at < u64::from(e.weight) {
+                return e;
+            }
+            at -= u64::from(e.weight);
+        }
+        candidates[candidates.len() - 1]
+    };
     let chosen = match candidates.len() {
         0 => return Err(Reason::NoHealthyUpstream),
         1 => candidates[0],
-        n => {
-            let a = candidates[roll(n)];
-            let b = candidates[roll(n)];
+        _ => {
+            let a = sample();
+            let b = sample();
             if b.active() < a.active() {
                 b
             } else {

@@ -35,7 +35,7 @@ use crate::http::headers;
 use crate::http::server::{serve_until_drained, ConnRequests, RequestOpen, Servers, Timed};
 use crate::identity::IdentityStore;
 use crate::metrics::{self, Direction};
-use cluster::{ActiveGuard, Cluster, Clusters};
+use cluster::{ActiveGuard, Admitted, Cluster, Clusters};
 use connect::Upstream;
 use forward::InFlight;
 
@@ -58,6 +58,8 @@ struct Outcome {
     service: Option<String>,
     port: u16,
     inflight: Option<InFlight>,
+    /// The request's place under the cluster's circuit breaker.
+    admitted: Option<Admitted>,
 }
 
 impl Outcome {
@@ -69,6 +71,7 @@ impl Outcome {
             service: None,
             port: 0,
             inflight: None,
+            admitted: None,
         }
     }
 }
@@ -193,7 +196,7 @@ impl Outbound {
             out.resp,
             log,
             decided,
-            (out.inflight, open.map(RequestOpen::answered)),
+            (out.inflight, out.admitted, open.map(RequestOpen::answered)),
         )
     }
 
@@ -209,30 +212,67 @@ impl Outbound {
             Ok(a) => a,
             Err(r) => return Outcome::error(r),
         };
-        let (cluster, protocol) = {
-            let catalog = self.catalog.load();
-            let target = match route::decide(&catalog, &auth) {
-                Ok(t) => t,
-                Err(r) => return Outcome::error(r),
-            };
-            let Some(c) = self
-                .clusters
-                .get(&catalog, &target.service.name, target.port)
-            else {
-                return Outcome::error(Reason::UnknownService);
-            };
-            (c, target.protocol)
+        let (cluster, protocol) = match self.cluster_for(&auth).await {
+            Ok(v) => v,
+            Err(r) => return Outcome::error(r),
+        };
+        let Some(admitted) = cluster.admit() else {
+            let mut out = Outcome::error(Reason::Overflow);
+            out.service = Some(cluster.service.name.clone());
+            out.port = cluster.port;
+            return out;
         };
         let is_connect = req.method() == Method::CONNECT;
         let mut out = match (is_connect, protocol) {
             (true, PortProtocol::Http) => Outcome::error(Reason::NotATcpPort),
             (false, PortProtocol::Tcp) => Outcome::error(Reason::NotAnHttpPort),
-            (true, PortProtocol::Tcp) => self.tunnel(req, &cluster, src, open).await,
-            (false, PortProtocol::Http) => self.forward(req, &cluster, authority, src).await,
+            (true, PortProtocol::Tcp) => self.tunnel(req, &cluster, src, open, admitted).await,
+            (false, PortProtocol::Http) => {
+                let mut out = self.forward(req, &cluster, authority, src).await;
+                out.admitted = Some(admitted);
+                out
+            }
         };
         out.service = Some(cluster.service.name.clone());
         out.port = cluster.port;
         out
+    }
+
+    /// The cluster an authority routes to. A catalog that discovers on demand is asked for
+    /// what it does not know yet; the request waits for the answer up to its timeout.
+    async fn cluster_for(
+        &self,
+        auth: &route::MeshAuthority<'_>,
+    ) -> Result<(Arc<Cluster>, PortProtocol), Reason> {
+        let mut changed = self.catalog.subscribe();
+        let mut deadline = None;
+        loop {
+            changed.borrow_and_update();
+            let catalog = self.catalog.load();
+            let wanted = match route::lookup(&catalog, auth, &self.mesh_domain) {
+                route::Lookup::Found(target) => {
+                    target.service.touch(target.port);
+                    let cluster = self
+                        .clusters
+                        .get(&catalog, &target.service.name, target.port)
+                        .ok_or(Reason::UnknownService)?;
+                    return Ok((cluster, target.protocol));
+                }
+                route::Lookup::Refused(r) => return Err(r),
+                route::Lookup::Unknown { cluster, .. } => cluster,
+            };
+            let timeout = catalog
+                .on_demand
+                .as_ref()
+                .map_or_else(Default::default, |o| o.timeout);
+            drop(catalog);
+            let deadline = *deadline.get_or_insert_with(|| tokio::time::Instant::now() + timeout);
+            self.catalog.want(wanted);
+            match tokio::time::timeout_at(deadline, changed.changed()).await {
+                Ok(Ok(())) => continue,
+                _ => return Err(Reason::DiscoveryTimeout),
+            }
+        }
     }
 
     async fn forward(
@@ -251,6 +291,7 @@ impl Outbound {
                 service: None,
                 port: 0,
                 inflight: Some(inflight),
+                admitted: None,
             },
             Err(r) => Outcome::error(r),
         }
@@ -263,6 +304,7 @@ impl Outbound {
         cluster: &Cluster,
         src: IpAddr,
         open: &mut Option<RequestOpen>,
+        admitted: Admitted,
     ) -> Outcome {
         let locality = self.locality.as_ref();
         let (tls, ep) = match tunnel::open(&self.upstream, locality, cluster, src).await {
@@ -272,6 +314,7 @@ impl Outbound {
         let upgrade = hyper::upgrade::on(&mut req);
         let held = (
             ActiveGuard::new(ep.clone()),
+            admitted,
             self.tracker.track(),
             open.take().map(RequestOpen::answered),
         );
@@ -285,6 +328,7 @@ impl Outbound {
             service: None,
             port: 0,
             inflight: None,
+            admitted: None,
         }
     }
 }

@@ -86,21 +86,59 @@ pub struct Target<'c> {
     pub protocol: PortProtocol,
 }
 
-/// The route decision of SPEC's addressing table, for an already parsed authority.
-pub fn decide<'c>(catalog: &'c Catalog, auth: &MeshAuthority<'_>) -> Result<Target<'c>, Reason> {
-    let service = catalog
-        .services
-        .get(auth.service.as_ref())
-        .ok_or(Reason::UnknownService)?;
+/// What a catalog says about an authority.
+#[derive(Debug)]
+pub enum Lookup<'c> {
+    Found(Target<'c>),
+    Refused(Reason),
+    /// The catalog discovers on demand and does not know yet: the cluster name to ask for, and
+    /// the answer if it never comes.
+    Unknown {
+        cluster: String,
+        absent: Reason,
+    },
+}
+
+/// The addressing table of SPEC section 1 against `catalog`.
+pub fn lookup<'c>(catalog: &'c Catalog, auth: &MeshAuthority<'_>, mesh_domain: &str) -> Lookup<'c> {
+    let Some(service) = catalog.services.get(auth.service.as_ref()) else {
+        return match &catalog.on_demand {
+            Some(od) if !od.absent.contains(auth.service.as_ref()) => Lookup::Unknown {
+                cluster: format!("{}.{mesh_domain}", auth.service),
+                absent: Reason::UnknownService,
+            },
+            _ => Lookup::Refused(Reason::UnknownService),
+        };
+    };
     let port = auth.port.unwrap_or(service.default_port);
     if !service.exposes(port) {
-        return Err(Reason::PortNotExposed);
+        if service.ports_complete || service.absent_ports.contains(&port) {
+            return Lookup::Refused(Reason::PortNotExposed);
+        }
+        return Lookup::Unknown {
+            cluster: cluster_name(&service.name, mesh_domain, port, service.default_port),
+            absent: Reason::PortNotExposed,
+        };
     }
-    Ok(Target {
+    if !service.loaded.contains(&port) {
+        return Lookup::Unknown {
+            cluster: cluster_name(&service.name, mesh_domain, port, service.default_port),
+            absent: Reason::NoEndpoints,
+        };
+    }
+    Lookup::Found(Target {
         service,
         port,
         protocol: service.port_protocol(port),
     })
+}
+
+/// The route decision of SPEC's addressing table against a complete catalog (the file).
+pub fn decide<'c>(catalog: &'c Catalog, auth: &MeshAuthority<'_>) -> Result<Target<'c>, Reason> {
+    match lookup(catalog, auth, "") {
+        Lookup::Found(t) => Ok(t),
+        Lookup::Refused(r) | Lookup::Unknown { absent: r, .. } => Err(r),
+    }
 }
 
 /// The canonical cluster name: the default port's cluster has no port in its name.

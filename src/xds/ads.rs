@@ -1,0 +1,704 @@
+//! The delta ADS client (SPEC section 9): one stream, two resource types (Cluster and
+//! ClusterLoadAssignment), subscriptions driven by what requests ask for.
+//!
+//! Requests that meet a name the catalog does not know ask the store (`CatalogStore::want`);
+//! this task subscribes to the default cluster of the service first, then to the port's
+//! cluster (never `svc:<default>`), then to the endpoint assignment of whichever serves the
+//! port. Every response is ACKed or NACKed; every accepted change becomes a new catalog,
+//! applied to the store like a new file would be. Names unused for `idle` are unsubscribed and
+//! forgotten. Losing the stream keeps the last catalog serving; reconnects resubscribe with the
+//! versions held.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use envoy_types::pb::envoy::config::cluster::v3::Cluster as PbCluster;
+use envoy_types::pb::envoy::config::core::v3::{node::UserAgentVersionType, Locality, Node};
+use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse,
+};
+use envoy_types::pb::google::rpc::Status as RpcStatus;
+use prost::Message;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::channel;
+use super::resources::{self, AssignedEndpoint, ClusterRes, CLUSTER_TYPE, ENDPOINT_TYPE};
+use crate::catalog::model::clock_secs;
+use crate::catalog::{Catalog, CatalogStore, Endpoint, OnDemand, Service, Usage};
+use crate::config::{Config, XdsConfig};
+use crate::identity::IdentityStore;
+use crate::metrics;
+use crate::validation::FieldError;
+
+/// Reconnect backoff: full jitter, from 0.5 s doubling up to 5 s (SPEC section 9).
+const BACKOFF_BASE: Duration = Duration::from_millis(500);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// What `/config_dump` shows of the control plane.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Status {
+    pub address: String,
+    pub connected: bool,
+    /// Resource name -> version, of every resource held.
+    pub resources: BTreeMap<String, String>,
+    /// Names the control plane reported absent.
+    pub absent: BTreeSet<String>,
+    pub last_nack: Option<Nack>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Nack {
+    pub resource: String,
+    pub message: String,
+}
+
+/// Two resource types, indexed the same way everywhere below.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Cluster,
+    Endpoint,
+}
+
+impl Kind {
+    fn type_url(self) -> &'static str {
+        match self {
+            Kind::Cluster => CLUSTER_TYPE,
+            Kind::Endpoint => ENDPOINT_TYPE,
+        }
+    }
+
+    fn metric(self) -> &'static str {
+        match self {
+            Kind::Cluster => "cluster",
+            Kind::Endpoint => "endpoint",
+        }
+    }
+
+    fn of(type_url: &str) -> Option<Kind> {
+        match type_url {
+            CLUSTER_TYPE => Some(Kind::Cluster),
+            ENDPOINT_TYPE => Some(Kind::Endpoint),
+            _ => None,
+        }
+    }
+}
+
+struct Held<T> {
+    version: String,
+    /// The resource's bytes: a resend of the same bytes changes nothing.
+    raw: Vec<u8>,
+    value: T,
+}
+
+/// Everything the stream has learnt, and what requests asked for.
+#[derive(Default)]
+struct State {
+    /// Canonical cluster names requests asked for, with when each was last used (or asked).
+    wanted: BTreeMap<String, Arc<AtomicU64>>,
+    clusters: BTreeMap<String, Held<ClusterRes>>,
+    assignments: BTreeMap<String, Held<Vec<AssignedEndpoint>>>,
+    /// Names (either type) the control plane reported absent.
+    absent: BTreeSet<String>,
+    /// What the server was told we subscribe to, per type.
+    subscribed: [BTreeSet<String>; 2],
+}
+
+fn idx(k: Kind) -> usize {
+    match k {
+        Kind::Cluster => 0,
+        Kind::Endpoint => 1,
+    }
+}
+
+pub struct Ads {
+    cfg: XdsConfig,
+    mesh_domain: String,
+    trust_domain: String,
+    node: Node,
+    store: Arc<CatalogStore>,
+    identity: Arc<IdentityStore>,
+    pub status: Arc<ArcSwap<Status>>,
+}
+
+impl Ads {
+    pub fn new(
+        cfg: &Config,
+        xds: &XdsConfig,
+        store: Arc<CatalogStore>,
+        identity: Arc<IdentityStore>,
+    ) -> Ads {
+        let own = identity.current().identity.spiffe_id.clone();
+        let namespace = own
+            .as_str()
+            .split('/')
+            .skip_while(|s| *s != "ns")
+            .nth(1)
+            .unwrap_or("default")
+            .to_string();
+        let ip = match cfg.inbound.listen.ip() {
+            ip if ip.is_unspecified() => "127.0.0.1".to_string(),
+            ip => ip.to_string(),
+        };
+        let node = Node {
+            id: xds
+                .node_id
+                .clone()
+                .unwrap_or_else(|| format!("sidecar~{ip}~{}.{namespace}", hostname())),
+            cluster: xds
+                .cluster
+                .clone()
+                .unwrap_or_else(|| own.last_segment().to_string()),
+            locality: cfg.locality.as_ref().map(|l| Locality {
+                region: l.region.clone(),
+                zone: l.zone.clone(),
+                sub_zone: l.subzone.clone(),
+            }),
+            user_agent_name: "aether-proxy".into(),
+            user_agent_version_type: Some(UserAgentVersionType::UserAgentVersion(
+                env!("CARGO_PKG_VERSION").into(),
+            )),
+            ..Default::default()
+        };
+        Ads {
+            status: Arc::new(ArcSwap::from_pointee(Status {
+                address: xds.address.to_string(),
+                ..Default::default()
+            })),
+            cfg: xds.clone(),
+            mesh_domain: cfg.mesh_domain.clone(),
+            trust_domain: cfg.trust_domain.clone(),
+            node,
+            store,
+            identity,
+        }
+    }
+
+    /// Runs the client for the life of the process.
+    pub fn spawn(self) {
+        let Some(wants) = self.store.take_wants() else {
+            tracing::error!("the catalog store already has an on-demand source");
+            return;
+        };
+        tokio::spawn(self.run(wants));
+    }
+
+    async fn run(self, mut wants: mpsc::UnboundedReceiver<String>) {
+        let mut state = State::default();
+        let mut failures = 0u32;
+        loop {
+            match self.session(&mut state, &mut wants).await {
+                Ok(()) => return, // the store is gone: the process is ending
+                Err(Ended { heard }) => {
+                    metrics::get().xds_connected.set(0);
+                    self.publish_status(&state, false);
+                    failures = if heard { 1 } else { failures.saturating_add(1) };
+                }
+            }
+            let cap = BACKOFF_BASE
+                .saturating_mul(1u32 << failures.min(16).saturating_sub(1))
+                .min(BACKOFF_MAX);
+            let wait = cap.mul_f64(fastrand::f64());
+            tracing::info!(?wait, "control plane: reconnecting");
+            // Names asked for meanwhile are kept for the next stream.
+            let sleep = tokio::time::sleep(wait);
+            tokio::pin!(sleep);
+            loop {
+                tokio::select! {
+                    _ = &mut sleep => break,
+                    w = wants.recv() => match w {
+                        Some(name) => self.want(&mut state, name),
+                        None => return,
+                    },
+                }
+            }
+        }
+    }
+
+    /// One stream, until it ends.
+    async fn session(
+        &self,
+        state: &mut State,
+        wants: &mut mpsc::UnboundedReceiver<String>,
+    ) -> Result<(), Ended> {
+        let mut heard = false;
+        let channel = match channel::connect(&self.cfg.address, Some(self.identity.clone())).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!("control plane: {e}");
+                return Err(Ended { heard });
+            }
+        };
+        let (tx, rx) = mpsc::channel::<DeltaDiscoveryRequest>(64);
+        let mut client =
+            AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(64 << 20);
+        // The server learns the node from the first request on the stream; nothing is
+        // subscribed before a request asks (an empty first subscription would be a wildcard).
+        let mut out = Outgoing {
+            tx,
+            node: Some(self.node.clone()),
+        };
+        state.subscribed = Default::default();
+        self.sync_subscriptions(state, &mut out, true).await;
+        let mut responses = match client
+            .delta_aggregated_resources(ReceiverStream::new(rx))
+            .await
+        {
+            Ok(r) => r.into_inner(),
+            Err(e) => {
+                tracing::warn!("control plane: stream refused: {e}");
+                return Err(Ended { heard });
+            }
+        };
+        metrics::get().xds_connected.set(1);
+        self.publish_status(state, true);
+        tracing::info!(address = %self.cfg.address, "control plane: connected");
+        let sweep_every =
+            (self.cfg.idle / 4).clamp(Duration::from_millis(250), Duration::from_secs(60));
+        let mut sweep = tokio::time::interval(sweep_every);
+        loop {
+            tokio::select! {
+                msg = responses.message() => match msg {
+                    Ok(Some(resp)) => {
+                        heard = true;
+                        self.handle(state, &mut out, resp).await;
+                    }
+                    Ok(None) => {
+                        tracing::warn!("control plane: stream closed");
+                        return Err(Ended { heard });
+                    }
+                    Err(e) => {
+                        tracing::warn!("control plane: stream failed: {e}");
+                        return Err(Ended { heard });
+                    }
+                },
+                w = wants.recv() => match w {
+                    Some(name) => {
+                        self.want(state, name);
+                        self.sync_subscriptions(state, &mut out, false).await;
+                    }
+                    None => return Ok(()),
+                },
+                _ = sweep.tick() => {
+                    if self.forget_idle(state) {
+                        self.sync_subscriptions(state, &mut out, false).await;
+                        self.apply(state);
+                    }
+                }
+            }
+        }
+    }
+
+    fn want(&self, state: &mut State, name: String) {
+        if resources::parse_cluster_name(&name, &self.mesh_domain).is_none() {
+            return;
+        }
+        state
+            .wanted
+            .entry(name)
+            .or_insert_with(|| Arc::new(AtomicU64::new(clock_secs())));
+    }
+
+    /// Unwanted names whose service port has not been used for `idle`. True when any went.
+    fn forget_idle(&self, state: &mut State) -> bool {
+        let now = clock_secs();
+        let idle = self.cfg.idle.as_secs().max(1);
+        let before = state.wanted.len();
+        state
+            .wanted
+            .retain(|_, used| now.saturating_sub(used.load(Ordering::Relaxed)) < idle);
+        let gone = state.wanted.len() != before;
+        if gone {
+            tracing::info!(
+                left = state.wanted.len(),
+                "control plane: idle clusters forgotten"
+            );
+        }
+        gone
+    }
+
+    /// The names each type should be subscribed to now.
+    fn desired(&self, state: &State) -> [BTreeSet<String>; 2] {
+        let mut clusters = BTreeSet::new();
+        let mut eds = BTreeSet::new();
+        for name in state.wanted.keys() {
+            let Some((svc, port)) = resources::parse_cluster_name(name, &self.mesh_domain) else {
+                continue;
+            };
+            let default = format!("{svc}.{}", self.mesh_domain);
+            clusters.insert(default.clone());
+            let Some(d) = state.clusters.get(&default) else {
+                continue;
+            };
+            let target = match port {
+                Some(p) if p != d.value.port => {
+                    if d.value.ports.as_ref().is_some_and(|ps| !ps.contains(&p)) {
+                        continue; // aether.io.ports says it does not exist
+                    }
+                    let name = format!("{default}:{p}");
+                    clusters.insert(name.clone());
+                    name
+                }
+                _ => default,
+            };
+            if let Some(c) = state.clusters.get(&target) {
+                eds.insert(c.value.eds_name.clone());
+            }
+        }
+        [clusters, eds]
+    }
+
+    /// Tells the server about subscription changes; forgets what is no longer wanted.
+    async fn sync_subscriptions(&self, state: &mut State, out: &mut Outgoing, initial: bool) {
+        let desired = self.desired(state);
+        for kind in [Kind::Cluster, Kind::Endpoint] {
+            let want = &desired[idx(kind)];
+            let have = &state.subscribed[idx(kind)];
+            let subscribe: Vec<String> = want.difference(have).cloned().collect();
+            let unsubscribe: Vec<String> = have.difference(want).cloned().collect();
+            if subscribe.is_empty() && unsubscribe.is_empty() {
+                continue;
+            }
+            let initial_resource_versions = if initial {
+                held_versions(state, kind)
+                    .filter(|(n, _)| want.contains(*n))
+                    .map(|(n, v)| (n.clone(), v.clone()))
+                    .collect()
+            } else {
+                HashMap::new()
+            };
+            out.send(DeltaDiscoveryRequest {
+                type_url: kind.type_url().into(),
+                resource_names_subscribe: subscribe,
+                resource_names_unsubscribe: unsubscribe.clone(),
+                initial_resource_versions,
+                ..Default::default()
+            })
+            .await;
+            state.subscribed[idx(kind)] = want.clone();
+            for name in unsubscribe {
+                match kind {
+                    Kind::Cluster => state.clusters.remove(&name).map(|_| ()),
+                    Kind::Endpoint => state.assignments.remove(&name).map(|_| ()),
+                };
+                state.absent.remove(&name);
+            }
+        }
+    }
+
+    async fn handle(&self, state: &mut State, out: &mut Outgoing, resp: DeltaDiscoveryResponse) {
+        let Some(kind) = Kind::of(&resp.type_url) else {
+            tracing::warn!(type_url = %resp.type_url, "control plane: unexpected resource type; ignored");
+            out.send(ack(&resp, None)).await;
+            return;
+        };
+        match self.accept(state, kind, &resp) {
+            Ok(changed) => {
+                metrics::get().xds_update(kind.metric(), true);
+                out.send(ack(&resp, None)).await;
+                if changed {
+                    self.sync_subscriptions(state, out, false).await;
+                    self.apply(state);
+                } else {
+                    self.publish_status(state, true);
+                }
+            }
+            Err(e) => {
+                metrics::get().xds_update(kind.metric(), false);
+                tracing::warn!("control plane: update refused, keeping the last good version: {e}");
+                let resource = match &e.origin {
+                    crate::validation::Origin::Resource(r) => r.clone(),
+                    other => other.to_string(),
+                };
+                let message = e.to_string();
+                out.send(ack(&resp, Some(message.clone()))).await;
+                let mut status = (**self.status.load()).clone();
+                status.last_nack = Some(Nack { resource, message });
+                self.status.store(Arc::new(status));
+            }
+        }
+    }
+
+    /// Validates a whole response; applies it to `state` only if every resource is valid.
+    /// Returns whether anything changed.
+    fn accept(
+        &self,
+        state: &mut State,
+        kind: Kind,
+        resp: &DeltaDiscoveryResponse,
+    ) -> Result<bool, FieldError> {
+        let mut clusters = Vec::new();
+        let mut assignments = Vec::new();
+        for r in &resp.resources {
+            let Some(any) = &r.resource else { continue };
+            let origin = crate::validation::Origin::Resource(r.name.clone());
+            let bad =
+                |e: prost::DecodeError| FieldError::new(&origin, "", format!("cannot decode: {e}"));
+            match kind {
+                Kind::Cluster => {
+                    let c = PbCluster::decode(any.value.as_slice()).map_err(bad)?;
+                    let v = resources::cluster(&c, &self.mesh_domain, &self.trust_domain)?;
+                    clusters.push((c.name.clone(), r.version.clone(), any.value.clone(), v));
+                }
+                Kind::Endpoint => {
+                    let cla = ClusterLoadAssignment::decode(any.value.as_slice()).map_err(bad)?;
+                    let v = resources::assignment(&cla)?;
+                    assignments.push((
+                        cla.cluster_name.clone(),
+                        r.version.clone(),
+                        any.value.clone(),
+                        v,
+                    ));
+                }
+            }
+        }
+        let mut changed = false;
+        for (name, version, raw, value) in clusters {
+            state.absent.remove(&name);
+            let same = state.clusters.get(&name).is_some_and(|h| h.raw == raw);
+            if !same {
+                changed = true;
+            }
+            state.clusters.insert(
+                name,
+                Held {
+                    version,
+                    raw,
+                    value,
+                },
+            );
+        }
+        for (name, version, raw, value) in assignments {
+            state.absent.remove(&name);
+            let same = state.assignments.get(&name).is_some_and(|h| h.raw == raw);
+            if !same {
+                changed = true;
+            }
+            state.assignments.insert(
+                name,
+                Held {
+                    version,
+                    raw,
+                    value,
+                },
+            );
+        }
+        for name in &resp.removed_resources {
+            let had = match kind {
+                Kind::Cluster => state.clusters.remove(name).is_some(),
+                Kind::Endpoint => state.assignments.remove(name).is_some(),
+            };
+            if state.subscribed[idx(kind)].contains(name) && state.absent.insert(name.clone()) {
+                changed = true;
+            }
+            changed |= had;
+        }
+        Ok(changed)
+    }
+
+    /// A new catalog from what the stream holds, applied to the store.
+    fn apply(&self, state: &State) {
+        let catalog = self.catalog(state);
+        self.store.apply(catalog);
+        self.publish_status(state, true);
+    }
+
+    fn catalog(&self, state: &State) -> Catalog {
+        let domain = &self.mesh_domain;
+        let mut services = BTreeMap::new();
+        let mut absent = BTreeSet::new();
+        let mut names: BTreeSet<String> = BTreeSet::new();
+        for name in state.clusters.keys().chain(state.absent.iter()) {
+            if let Some((svc, None)) = resources::parse_cluster_name(name, domain) {
+                names.insert(svc);
+            }
+        }
+        for svc in names {
+            let default_name = format!("{svc}.{domain}");
+            let Some(d) = state.clusters.get(&default_name).map(|h| &h.value) else {
+                if state.absent.contains(&default_name) {
+                    absent.insert(svc);
+                }
+                continue;
+            };
+            let port_cluster = |p: u16| -> Option<&ClusterRes> {
+                if p == d.port {
+                    Some(d)
+                } else {
+                    state
+                        .clusters
+                        .get(&format!("{default_name}:{p}"))
+                        .map(|h| &h.value)
+                }
+            };
+            let (ports, ports_complete) = match &d.ports {
+                Some(ps) => (ps.clone(), true),
+                None => {
+                    let mut ps: BTreeSet<u16> = state
+                        .clusters
+                        .values()
+                        .filter(|h| h.value.service == svc)
+                        .filter_map(|h| h.value.named_port)
+                        .collect();
+                    ps.insert(d.port);
+                    (ps, false)
+                }
+            };
+            let absent_ports = state
+                .absent
+                .iter()
+                .filter_map(|n| resources::parse_cluster_name(n, domain))
+                .filter(|(s, _)| *s == svc)
+                .filter_map(|(_, p)| p)
+                .collect();
+            let mut endpoints = Vec::new();
+            let mut loaded = BTreeSet::new();
+            let mut protocols = BTreeMap::new();
+            let mut usage = Usage::new();
+            for &p in &ports {
+                let Some(c) = port_cluster(p) else { continue };
+                protocols.insert(p, c.protocol);
+                let assigned = match state.assignments.get(&c.eds_name) {
+                    Some(h) => &h.value[..],
+                    None if state.absent.contains(&c.eds_name) => &[],
+                    None => continue,
+                };
+                loaded.insert(p);
+                let key = cluster_key(&svc, domain, p, d.port);
+                if let Some(used) = state.wanted.get(&key) {
+                    usage.insert(p, used.clone());
+                }
+                endpoints.extend(assigned.iter().map(|e| Endpoint {
+                    address: e.address,
+                    ports: vec![p],
+                    locality: e.locality.clone(),
+                    labels: e.labels.clone(),
+                    draining: e.draining,
+                    weight: e.weight,
+                    priority: Some(e.priority),
+                }));
+            }
+            services.insert(
+                svc.clone(),
+                Arc::new(Service {
+                    name: svc.clone(),
+                    default_port: d.port,
+                    identity: d.identity.clone(),
+                    protocols,
+                    connect_timeout: d
+                        .connect_timeout
+                        .unwrap_or(crate::catalog::model::DEFAULT_CONNECT_TIMEOUT),
+                    request_timeout: d
+                        .request_timeout
+                        .unwrap_or(crate::catalog::model::DEFAULT_REQUEST_TIMEOUT),
+                    max_requests_per_connection: d.max_requests_per_connection,
+                    routes: d.routes.clone(),
+                    outlier: d.outlier,
+                    breakers: d.breakers,
+                    endpoints,
+                    ports,
+                    ports_complete,
+                    absent_ports,
+                    loaded,
+                    usage,
+                }),
+            );
+        }
+        Catalog {
+            services,
+            version: 0,
+            on_demand: Some(OnDemand {
+                timeout: self.cfg.cluster_timeout,
+                absent,
+            }),
+        }
+    }
+
+    fn publish_status(&self, state: &State, connected: bool) {
+        let last_nack = self.status.load().last_nack.clone();
+        let resources = held_versions(state, Kind::Cluster)
+            .chain(held_versions(state, Kind::Endpoint))
+            .map(|(n, v)| (n.clone(), v.clone()))
+            .collect();
+        self.status.store(Arc::new(Status {
+            address: self.cfg.address.to_string(),
+            connected,
+            resources,
+            absent: state.absent.clone(),
+            last_nack,
+        }));
+    }
+}
+
+/// The canonical cluster name requests use for a port (the default port has none).
+fn cluster_key(svc: &str, domain: &str, port: u16, default_port: u16) -> String {
+    crate::outbound::route::cluster_name(svc, domain, port, default_port)
+}
+
+fn held_versions(state: &State, kind: Kind) -> Box<dyn Iterator<Item = (&String, &String)> + '_> {
+    match kind {
+        Kind::Cluster => Box::new(state.clusters.iter().map(|(n, h)| (n, &h.version))),
+        Kind::Endpoint => Box::new(state.assignments.iter().map(|(n, h)| (n, &h.version))),
+    }
+}
+
+/// An ACK (no error) or a NACK for a response.
+fn ack(resp: &DeltaDiscoveryResponse, error: Option<String>) -> DeltaDiscoveryRequest {
+    DeltaDiscoveryRequest {
+        type_url: resp.type_url.clone(),
+        response_nonce: resp.nonce.clone(),
+        error_detail: error.map(|message| RpcStatus {
+            code: 3, // INVALID_ARGUMENT
+            message,
+            details: Vec::new(),
+        }),
+        ..Default::default()
+    }
+}
+
+/// Why a stream ended; `heard`: the server answered at least once (resets the backoff).
+struct Ended {
+    heard: bool,
+}
+
+struct Outgoing {
+    tx: mpsc::Sender<DeltaDiscoveryRequest>,
+    /// Sent with the first request of the stream.
+    node: Option<Node>,
+}
+
+impl Outgoing {
+    async fn send(&mut self, mut req: DeltaDiscoveryRequest) {
+        if let Some(node) = self.node.take() {
+            req.node = Some(node);
+        }
+        let _ = self.tx.send(req).await;
+    }
+}
+
+/// The node SDS streams identify with: the workload's identity is not known yet, so the id
+/// falls back to the hostname and the namespace to `default`.
+pub fn sds_node(cfg: &Config) -> Node {
+    let xds = cfg.discovery.as_ref().map(|d| &d.xds);
+    Node {
+        id: xds
+            .and_then(|x| x.node_id.clone())
+            .unwrap_or_else(|| format!("sidecar~127.0.0.1~{}.default", hostname())),
+        cluster: xds.and_then(|x| x.cluster.clone()).unwrap_or_default(),
+        user_agent_name: "aether-proxy".into(),
+        ..Default::default()
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}

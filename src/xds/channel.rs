@@ -1,0 +1,101 @@
+//! gRPC channels to the control plane: a unix socket, a loopback TCP address (plaintext, as
+//! node agents serve), or any other TCP address over mTLS with the workload's identity
+//! (BoringSSL, like every other TLS connection of the proxy).
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+use crate::config::GrpcAddress;
+use crate::identity::IdentityStore;
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ChannelError {
+    #[error("{addr}: {source}")]
+    Connect {
+        addr: String,
+        source: tonic::transport::Error,
+    },
+    #[error("{addr}: mTLS to a non-local control plane needs the workload identity first")]
+    NoIdentity { addr: String },
+}
+
+/// Connects to `addr`; `identity` is used for mTLS when the address is not local.
+pub async fn connect(
+    addr: &GrpcAddress,
+    identity: Option<Arc<IdentityStore>>,
+) -> Result<Channel, ChannelError> {
+    let name = addr.to_string();
+    let err = |source| ChannelError::Connect {
+        addr: name.clone(),
+        source,
+    };
+    match addr {
+        GrpcAddress::Unix(path) => {
+            let path = path.clone();
+            // The URI is required by the API and unused: the connector ignores it.
+            Endpoint::from_static("http://control-plane")
+                .connect_timeout(CONNECT_TIMEOUT)
+                .connect_with_connector(tower::service_fn(move |_: Uri| {
+                    let path = path.clone();
+                    async move {
+                        Ok::<_, io::Error>(TokioIo::new(
+                            tokio::net::UnixStream::connect(path).await?,
+                        ))
+                    }
+                }))
+                .await
+                .map_err(err)
+        }
+        GrpcAddress::Tcp(hostport) if addr.is_local() => {
+            Endpoint::from_shared(format!("http://{hostport}"))
+                .map_err(err)?
+                .connect_timeout(CONNECT_TIMEOUT)
+                .tcp_nodelay(true)
+                .connect()
+                .await
+                .map_err(err)
+        }
+        GrpcAddress::Tcp(hostport) => {
+            let identity =
+                identity.ok_or_else(|| ChannelError::NoIdentity { addr: name.clone() })?;
+            let target = hostport.clone();
+            Endpoint::from_shared(format!("http://{hostport}"))
+                .map_err(err)?
+                .connect_timeout(CONNECT_TIMEOUT)
+                .connect_with_connector(tower::service_fn(move |_: Uri| {
+                    let (identity, target) = (identity.clone(), target.clone());
+                    async move { mtls(&identity, &target).await.map(TokioIo::new) }
+                }))
+                .await
+                .map_err(err)
+        }
+    }
+}
+
+/// TCP, then TLS with the workload's client certificate, ALPN h2, the server chain verified
+/// against the trust bundle (a control plane has no mesh SAN to pin).
+async fn mtls(
+    identity: &IdentityStore,
+    target: &str,
+) -> io::Result<tokio_boring::SslStream<tokio::net::TcpStream>> {
+    let tcp = tokio::net::TcpStream::connect(target).await?;
+    let _ = tcp.set_nodelay(true);
+    let contexts = identity.current();
+    let mut cfg = contexts
+        .connector_for(None)
+        .ctx
+        .configure()
+        .map_err(io::Error::other)?;
+    cfg.set_alpn_protos(b"\x02h2").map_err(io::Error::other)?;
+    cfg.set_verify_hostname(false);
+    let host = target.rsplit_once(':').map_or(target, |(h, _)| h);
+    tokio_boring::connect(cfg, host, tcp)
+        .await
+        .map_err(|e| io::Error::other(e.to_string()))
+}
