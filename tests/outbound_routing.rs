@@ -317,7 +317,7 @@ async fn concurrent_first_requests_build_one_cluster() {
     // release the h2c streams and write the 200 last bytes in one tight loop, so the requests
     // reach the proxy as close together as a client can make them.
     let authority = |i: usize| {
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             SVC.to_string()
         } else {
             format!("{SVC}:8080")
