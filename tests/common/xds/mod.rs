@@ -49,7 +49,7 @@ pub use server::Listen;
 #[allow(unused_imports)]
 pub use state::{Api, NodeInfo, Request, Response, StreamRecord};
 
-use super::{Certs, Net, PodNet};
+use super::{empty, get, tcp_connect, Certs, HttpClient, Net, PodNet, Proxy, Reply};
 use resources::{pack, version_of, Key, Res};
 use state::State;
 
@@ -264,6 +264,49 @@ impl ControlPlane {
             .collect()
     }
 
+    /// Every name of type `type_url` ever subscribed to over delta ADS.
+    pub fn subscribed_of(&self, type_url: &str) -> BTreeSet<String> {
+        self.ads_requests()
+            .into_iter()
+            .filter(|r| r.type_url == type_url)
+            .flat_map(|r| r.subscribe)
+            .collect()
+    }
+
+    /// Whether some open stream's last response carrying `name` (of any type) carried the
+    /// version served now, and the client ACKed it.
+    pub fn acked_current(&self, name: &str) -> bool {
+        let st = self.state.lock();
+        let versions: Vec<String> = [CLUSTER_TYPE, CLA_TYPE, SECRET_TYPE]
+            .iter()
+            .filter_map(|t| st.current(&(t.to_string(), name.to_string())))
+            .map(|r| r.version.clone())
+            .collect();
+        st.records.iter().filter(|s| s.closed.is_none()).any(|s| {
+            let last = s
+                .responses
+                .iter()
+                .rev()
+                .find(|resp| resp.resources.iter().any(|(n, _)| n == name));
+            last.is_some_and(|resp| {
+                resp.resources
+                    .iter()
+                    .any(|(n, v)| n == name && versions.contains(v))
+                    && s.requests
+                        .iter()
+                        .any(|r| r.response_nonce == resp.nonce && r.error.is_none())
+            })
+        })
+    }
+
+    /// Waits until [`ControlPlane::acked_current`] holds for every name.
+    pub async fn wait_acked(&self, names: &[&str], limit: Duration) {
+        self.wait_until(limit, &format!("ACK of the current {names:?}"), |cp| {
+            names.iter().all(|n| cp.acked_current(n))
+        })
+        .await
+    }
+
     /// Every delta ADS request, in order per stream, streams in order.
     pub fn ads_requests(&self) -> Vec<Request> {
         self.ads_streams()
@@ -433,4 +476,220 @@ pub fn discovery_yaml(address: &str, xds_extra: &[&str]) -> String {
         y.push_str(&format!("    {l}\n"));
     }
     y
+}
+
+/// Starts a client pod's proxy fed by the control plane at `address` (see
+/// [`xds_client_config`]) with identity `frontend` from files, and waits until it is ready.
+pub async fn xds_client(
+    certs: &Certs,
+    pod: PodNet,
+    address: &str,
+    xds_extra: &[&str],
+    extra: &str,
+) -> Proxy {
+    let config = xds_client_config(certs, pod, "frontend", address, xds_extra, extra);
+    Proxy::start(&config, "").await
+}
+
+/// `GET path` with `Host: authority` on a fresh HTTP/1.1 connection; errors are returned, not
+/// panicked on (for load loops that count them).
+pub async fn try_get(outbound: SocketAddr, authority: &str, path: &str) -> Result<Reply, String> {
+    let tcp = tcp_connect(outbound).await?;
+    let req = empty(get(path).header("host", authority));
+    HttpClient::h1(tcp).await?.send(req).await
+}
+
+/// The `"xds"` object of `/config_dump`.
+pub async fn xds_dump(p: &Proxy) -> serde_json::Value {
+    let r = p.admin_get("/config_dump").await.expect("GET /config_dump");
+    assert_eq!(r.status.as_u16(), 200, "/config_dump: {r:?}");
+    let v = r.json();
+    assert!(
+        v["xds"].is_object(),
+        "/config_dump has no \"xds\" object: {v}"
+    );
+    v["xds"].clone()
+}
+
+/// One sample of a metric (the sum over the samples whose labels contain every `labels` item).
+pub async fn metric_value(p: &Proxy, name: &str, labels: &[&str]) -> f64 {
+    let r = p.admin_get("/metrics").await.expect("GET /metrics");
+    assert_eq!(r.status.as_u16(), 200, "/metrics: {r:?}");
+    r.text()
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+        .filter(|l| labels.iter().all(|kv| l.contains(kv)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Polls a metric until `pred` holds for its value; returns the value.
+pub async fn wait_metric_value(
+    p: &Proxy,
+    name: &str,
+    labels: &[&str],
+    limit: Duration,
+    pred: impl Fn(f64) -> bool,
+) -> f64 {
+    let deadline = Instant::now() + limit;
+    loop {
+        let v = metric_value(p, name, labels).await;
+        if pred(v) {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name}{labels:?} is still {v} after {limit:?}; stderr tail:\n{}",
+            tail_lines(&p.stderr(), 30)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The last `n` lines of `s`.
+pub fn tail_lines(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Load during pushes
+// ---------------------------------------------------------------------------------------------
+
+/// What one request of a [`Load`] got.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// An app answered 200; the port it listens on (`x-app-port`).
+    App(u16),
+    /// The proxy (or an app) answered something else: status and `x-aether-error`.
+    Answer(u16, Option<String>),
+    /// No answer at all: the connection failed or broke.
+    Failed(String),
+}
+
+/// Workers sending `GET` for one authority back to back on keep-alive HTTP/1.1 connections to
+/// a client proxy, recording every outcome with its time. A broken connection is recorded and
+/// replaced.
+pub struct Load {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    results: Arc<Mutex<Vec<(Instant, Outcome)>>>,
+    tasks: tokio::task::JoinSet<()>,
+}
+
+impl Load {
+    pub fn start(outbound: SocketAddr, authority: &str, workers: usize) -> Load {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let results = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = tokio::task::JoinSet::new();
+        for w in 0..workers {
+            let (stop, results) = (stop.clone(), results.clone());
+            let authority = authority.to_string();
+            tasks.spawn(async move {
+                let mut client: Option<HttpClient> = None;
+                let mut i = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    i += 1;
+                    if client.is_none() {
+                        match tcp_connect(outbound).await {
+                            Ok(tcp) => match HttpClient::h1(tcp).await {
+                                Ok(c) => client = Some(c),
+                                Err(e) => {
+                                    results.lock().unwrap().push((
+                                        Instant::now(),
+                                        Outcome::Failed(format!("h1 handshake: {e}")),
+                                    ));
+                                    continue;
+                                }
+                            },
+                            Err(e) => {
+                                results
+                                    .lock()
+                                    .unwrap()
+                                    .push((Instant::now(), Outcome::Failed(e)));
+                                tokio::time::sleep(Duration::from_millis(10)).await;
+                                continue;
+                            }
+                        }
+                    }
+                    let req = empty(get(&format!("/load/{w}/{i}")).header("host", &authority));
+                    let outcome = match client.as_mut().unwrap().send(req).await {
+                        Ok(r) if r.status.as_u16() == 200 => Outcome::App(
+                            r.header("x-app-port")
+                                .and_then(|p| p.parse().ok())
+                                .unwrap_or(0),
+                        ),
+                        Ok(r) => {
+                            if r.header("connection") == Some("close") {
+                                client = None;
+                            }
+                            Outcome::Answer(r.status.as_u16(), r.aether_error().map(str::to_string))
+                        }
+                        Err(e) => {
+                            client = None;
+                            Outcome::Failed(e)
+                        }
+                    };
+                    results.lock().unwrap().push((Instant::now(), outcome));
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            });
+        }
+        Load {
+            stop,
+            results,
+            tasks,
+        }
+    }
+
+    /// The outcomes so far, in time order.
+    pub fn results(&self) -> Vec<(Instant, Outcome)> {
+        let mut v = self.results.lock().unwrap().clone();
+        v.sort_by_key(|r| r.0);
+        v
+    }
+
+    pub fn count(&self) -> usize {
+        self.results.lock().unwrap().len()
+    }
+
+    /// Waits until `n` more requests than now have finished.
+    pub async fn wait_more(&self, n: usize, limit: Duration) {
+        let target = self.count() + n;
+        let deadline = Instant::now() + limit;
+        while self.count() < target {
+            assert!(
+                Instant::now() < deadline,
+                "the load made {} of {target} requests in {limit:?}",
+                self.count()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Waits until some outcome satisfies `pred`.
+    pub async fn wait_for(&self, limit: Duration, what: &str, pred: impl Fn(&Outcome) -> bool) {
+        let deadline = Instant::now() + limit;
+        loop {
+            if self.results.lock().unwrap().iter().any(|(_, o)| pred(o)) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: not seen in {limit:?}; last outcomes: {:?}",
+                self.results().iter().rev().take(5).collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Stops the workers; returns every outcome, in time order.
+    pub async fn stop(mut self) -> Vec<(Instant, Outcome)> {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        while tokio::time::timeout(super::IO_TIMEOUT, self.tasks.join_next())
+            .await
+            .expect("load workers stop")
+            .is_some()
+        {}
+        self.results()
+    }
 }
