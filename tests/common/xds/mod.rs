@@ -67,15 +67,13 @@ pub struct ControlPlane {
 
 impl Drop for ControlPlane {
     fn drop(&mut self) {
-        if let Some(r) = self
-            .running
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
-            // Cut the connections now; the accept task goes with the runtime.
-            drop(r);
-        }
+        // Cuts the connections and stops accepting.
+        drop(
+            self.running
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(),
+        );
     }
 }
 

@@ -172,10 +172,17 @@ pub struct Running {
 
 impl Running {
     /// Cuts every connection, stops accepting, and returns once the listener is closed.
-    pub async fn stop(self) {
+    pub async fn stop(mut self) {
         let _ = self.kill.send(true);
         self.task.abort();
-        let _ = self.task.await;
+        let _ = (&mut self.task).await;
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.kill.send(true);
+        self.task.abort();
     }
 }
 
