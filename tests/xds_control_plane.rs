@@ -204,6 +204,8 @@ async fn delta_ads_answers_pushes_and_records() {
         net.pod(3).proxy_ip(),
     );
     let cp = ControlPlane::start(Listen::Tcp(cp_addr(&net)), fixture(&c, p1, p2)).await;
+    // Exactly what changed, nothing more (the Istio-style assignment resend is tested below).
+    cp.resend_assignments(false);
     let mut s = DeltaClient::open(tcp_channel(cp_addr(&net)).await).await;
 
     // The default Cluster, and an absence.
@@ -535,8 +537,14 @@ async fn overrides_resends_reconnects_and_restarts() {
         .version
         .clone();
     assert_eq!(cp.version(CLUSTER_TYPE, name), Some(v9090.clone()));
+    let eds9090 = "outbound|9090||payments.aether.internal";
+    s.subscribe(CLA_TYPE, &[eds9090], None);
+    let r = s.next().await;
+    s.ack(&r);
+    let v_cla = r.resources[0].version.clone();
 
-    // An invalid override, and back.
+    // An invalid override, and back; each changed Cluster is followed by its assignment,
+    // unchanged (Istio's habit for Envoy).
     let mut bad = cp.cluster(name);
     let mut tls = tls_of(&bad);
     tls.sni = "abc".into();
@@ -547,16 +555,40 @@ async fn overrides_resends_reconnects_and_restarts() {
     let got: Cluster = decode(&r, name);
     assert_eq!(tls_of(&got).sni, "abc");
     assert_ne!(r.resources[0].version, v9090);
+    let r = s.next().await;
+    assert_eq!(r.type_url, CLA_TYPE);
+    assert_eq!(resources_named(&r), vec![eds9090.to_string()]);
+    assert_eq!(r.resources[0].version, v_cla, "resent unchanged");
     cp.clear_invalid(name);
     let r = s.next().await;
     assert_eq!(r.resources[0].version, v9090, "the fixture's version again");
+    let r = s.next().await;
+    assert_eq!(r.type_url, CLA_TYPE);
+    // Off: a changed Cluster comes alone.
+    cp.resend_assignments(false);
+    cp.update(|f| f.svc("payments").request_timeout = Some(Duration::from_secs(3)));
+    let r = s.next().await;
+    assert_eq!(r.type_url, CLUSTER_TYPE);
+    assert_eq!(
+        resources_named(&r),
+        vec![SVC.to_string(), name.to_string()],
+        "request_timeout is on every Cluster of the service"
+    );
+    s.ack(&r);
+    s.quiet(Duration::from_millis(300), "no assignment resend")
+        .await;
+    cp.resend_assignments(true);
 
     // A resend: same version, new nonce.
     let nonces = cp.resend(SVC);
     assert_eq!(nonces.len(), 1);
     let r = s.next().await;
     assert_eq!(r.nonce, nonces[0]);
-    assert_eq!(r.resources[0].version, v_default);
+    assert_ne!(Some(&v_default), cp.version(CLUSTER_TYPE, SVC).as_ref());
+    assert_eq!(
+        Some(&r.resources[0].version),
+        cp.version(CLUSTER_TYPE, SVC).as_ref()
+    );
     s.ack(&r);
     cp.wait_until(IO_TIMEOUT, "ACK of the resend", |cp| {
         cp.answer_to(&nonces[0]) == Some(None)

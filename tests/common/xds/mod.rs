@@ -13,8 +13,9 @@
 //!   others in `removed_resources`; a change ([`ControlPlane::set`]) goes to every stream
 //!   subscribed to a changed or removed name; unsubscribes are honoured; each response has a
 //!   fresh nonce, each resource a version (a hash of what it is made from). A resubscribe with
-//!   `initial_resource_versions` gets only what differs. `StreamAggregatedResources` is
-//!   unimplemented.
+//!   `initial_resource_versions` gets only what differs. As Istio does for Envoy, a changed
+//!   Cluster is followed by its assignment, resent even when unchanged
+//!   ([`ControlPlane::resend_assignments`]). `StreamAggregatedResources` is unimplemented.
 //! * SDS: each stream names its secrets; they are answered once they exist and pushed when
 //!   they change.
 //! * Everything clients send is recorded ([`StreamRecord`]): node, subscribes, unsubscribes,
@@ -80,8 +81,10 @@ impl Drop for ControlPlane {
 impl ControlPlane {
     /// A control plane for `listen` with `fixture`, not serving yet ([`ControlPlane::serve`]).
     pub fn new(listen: Listen, fixture: Fixture) -> ControlPlane {
+        let state = State::new(fixture);
+        state.lock().resend_assignments = true;
         ControlPlane {
-            state: Arc::new(State::new(fixture)),
+            state: Arc::new(state),
             listen,
             running: Mutex::new(None),
         }
@@ -191,6 +194,12 @@ impl ControlPlane {
     /// the nonces of those responses.
     pub fn resend(&self, name: &str) -> Vec<String> {
         self.state.lock().resend(name)
+    }
+
+    /// Istio's habit (on by default): after pushing a changed Cluster, push its assignment
+    /// again even when unchanged (Envoy does not ask for it again). Off: only what changed.
+    pub fn resend_assignments(&self, on: bool) {
+        self.state.lock().resend_assignments = on;
     }
 
     /// Ends every open stream with UNAVAILABLE (the connections stay), so clients reconnect.

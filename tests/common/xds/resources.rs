@@ -445,3 +445,11 @@ pub fn set_tls(c: &mut Cluster, tls: &UpstreamTlsContext) {
         config_type: Some(transport_socket::ConfigType::TypedConfig(pack(tls))),
     });
 }
+
+/// The EDS name of a packed Cluster (`eds_cluster_config.service_name`), if it has one.
+pub fn eds_of(any: &Any) -> Option<String> {
+    let c = Cluster::decode(any.value.as_slice()).ok()?;
+    c.eds_cluster_config
+        .map(|e| e.service_name)
+        .filter(|n| !n.is_empty())
+}

@@ -14,7 +14,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use tonic::Status;
 
 use super::fixture::Fixture;
-use super::resources::{build, version_of, Key, Res, CLUSTER_TYPE, SECRET_TYPE};
+use super::resources::{build, eds_of, version_of, Key, Res, CLA_TYPE, CLUSTER_TYPE, SECRET_TYPE};
 
 /// Which API a stream used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,6 +147,9 @@ pub struct Inner {
     sds: BTreeMap<u64, SdsStream>,
     pub records: Vec<StreamRecord>,
     next_nonce: u64,
+    /// Istio's habit: after a Cluster update, resend its assignment (unchanged) too, since
+    /// Envoy does not ask for it again.
+    pub resend_assignments: bool,
 }
 
 /// The shared state behind a control plane.
@@ -477,12 +480,36 @@ impl Inner {
     // Pushes
     // -----------------------------------------------------------------------------------------
 
-    /// Sends every stream what changed for the names it subscribed to.
+    /// Sends every stream what changed for the names it subscribed to (and, with
+    /// `resend_assignments`, the assignment of every changed Cluster, changed or not).
     pub fn push_all(&mut self) {
         let ids: Vec<u64> = self.ads.keys().copied().collect();
         for id in ids {
-            let keys: Vec<Key> = self.ads[&id].subscribed.iter().cloned().collect();
+            let st = &self.ads[&id];
+            let keys: Vec<Key> = st.subscribed.iter().cloned().collect();
+            let changed = |k: &Key| match self.current(k) {
+                Some(r) => st.known.get(k) != Some(&Some(r.version.clone())),
+                None => st.known.get(k) != Some(&None),
+            };
+            let mut resend: Vec<Key> = Vec::new();
+            if self.resend_assignments {
+                for k in keys.iter().filter(|k| k.0 == CLUSTER_TYPE) {
+                    if self.held.contains(&k.1) || !changed(k) {
+                        continue;
+                    }
+                    let Some(eds) = self.current(k).and_then(|r| eds_of(&r.any)) else {
+                        continue;
+                    };
+                    let cla = (CLA_TYPE.to_string(), eds);
+                    if st.subscribed.contains(&cla) && !changed(&cla) {
+                        resend.push(cla);
+                    }
+                }
+            }
             self.delta_respond(id, &keys, false);
+            if !resend.is_empty() {
+                self.delta_respond(id, &resend, true);
+            }
         }
         let ids: Vec<u64> = self.sds.keys().copied().collect();
         for id in ids {
