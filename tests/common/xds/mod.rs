@@ -280,8 +280,9 @@ impl ControlPlane {
             .collect()
     }
 
-    /// Whether some open stream's last response carrying `name` (of any type) carried the
-    /// version served now, and the client ACKed it.
+    /// Whether some open stream's client has the version of `name` (of any type) served now:
+    /// the stream's last response carrying `name` carried it and was ACKed, or, with no such
+    /// response, the stream opened with it in `initial_resource_versions`.
     pub fn acked_current(&self, name: &str) -> bool {
         let st = self.state.lock();
         let versions: Vec<String> = [CLUSTER_TYPE, CLA_TYPE, SECRET_TYPE]
@@ -295,14 +296,21 @@ impl ControlPlane {
                 .iter()
                 .rev()
                 .find(|resp| resp.resources.iter().any(|(n, _)| n == name));
-            last.is_some_and(|resp| {
-                resp.resources
-                    .iter()
-                    .any(|(n, v)| n == name && versions.contains(v))
-                    && s.requests
+            match last {
+                Some(resp) => {
+                    resp.resources
                         .iter()
-                        .any(|r| r.response_nonce == resp.nonce && r.error.is_none())
-            })
+                        .any(|(n, v)| n == name && versions.contains(v))
+                        && s.requests
+                            .iter()
+                            .any(|r| r.response_nonce == resp.nonce && r.error.is_none())
+                }
+                None => s.requests.iter().any(|r| {
+                    r.initial_versions
+                        .get(name)
+                        .is_some_and(|v| versions.contains(v))
+                }),
+            }
         })
     }
 
