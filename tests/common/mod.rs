@@ -49,6 +49,9 @@
 //! * `mesh`: client and server pods, catalogs, answer checks, raw HTTP/1.1, a gRPC echo
 //!   service and a wire observer for the outbound tests, `tests/outbound_*.rs`
 //!   (`use common::mesh::*;`).
+//! * `xds`: a control plane (delta ADS and SDS from Envoy's v3 types) fed by a catalog-shaped
+//!   fixture, recording what clients send, for the xDS tests `tests/xds_*.rs`
+//!   (`use common::xds::*;`).
 //!
 //! # Time bounds
 //!
@@ -67,6 +70,7 @@ mod tls;
 
 pub mod live;
 pub mod mesh;
+pub mod xds;
 
 // Every test binary uses its own part of the harness.
 #[allow(unused_imports)]

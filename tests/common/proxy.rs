@@ -58,7 +58,8 @@ impl ProxyBuilder {
         fs::write(&catalog_path, &self.catalog).expect("write catalog");
 
         // The harness owns three things in the config: the catalog path (unless the test set
-        // one), and it insists on explicit listen addresses, so two tests never share a port.
+        // one, or the config has `discovery:`), and it insists on explicit listen addresses, so
+        // two tests never share a port.
         let mut cfg: serde_yaml_ng::Value =
             serde_yaml_ng::from_str(&self.config).expect("config is YAML");
         let map = cfg.as_mapping_mut().expect("config is a YAML mapping");
@@ -78,7 +79,8 @@ impl ProxyBuilder {
             .unwrap()
             .parse()
             .expect("admin.listen is host:port");
-        if get(map, "catalog", "path").is_none() {
+        // A pod fed by a control plane (`discovery:`) has no catalog file.
+        if get(map, "catalog", "path").is_none() && !map.contains_key("discovery") {
             let mut c = serde_yaml_ng::Mapping::new();
             c.insert(
                 "path".into(),
@@ -121,7 +123,8 @@ impl ProxyBuilder {
 impl Proxy {
     /// Writes `config_yaml` and `catalog_yaml` into a temp dir, runs the proxy and waits until
     /// its `/readyz` answers 200. The config must set `inbound.listen`, `outbound.listen` and
-    /// `admin.listen`; `catalog.path` is filled in unless the config names one.
+    /// `admin.listen`; `catalog.path` is filled in unless the config names one or has a
+    /// `discovery:` section.
     pub async fn start(config_yaml: &str, catalog_yaml: &str) -> Proxy {
         Proxy::builder(config_yaml, catalog_yaml).start().await
     }
