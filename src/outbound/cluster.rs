@@ -282,7 +282,7 @@ impl Clusters {
                 let rebuilt = catalog
                     .services
                     .get(service)
-                    .filter(|s| s.exposes(*port))
+                    .filter(|s| s.exposes(*port) && s.loaded.contains(port))
                     .map(|s| Arc::new(self.build_cluster(s.clone(), *port, Some(old))));
                 if let Some(c) = rebuilt {
                     next.by_service
