@@ -244,10 +244,13 @@ impl Outbound {
         &self,
         auth: &route::MeshAuthority<'_>,
     ) -> Result<(Arc<Cluster>, PortProtocol), Reason> {
-        let mut changed = self.catalog.subscribe();
+        // Subscribed only once a name must be waited for: the common case takes no notice.
+        let mut changed: Option<tokio::sync::watch::Receiver<u64>> = None;
         let mut deadline = None;
         loop {
-            changed.borrow_and_update();
+            if let Some(c) = changed.as_mut() {
+                c.borrow_and_update();
+            }
             let catalog = self.catalog.load();
             let wanted = match route::lookup(&catalog, auth, &self.mesh_domain) {
                 route::Lookup::Found(target) => {
@@ -261,6 +264,11 @@ impl Outbound {
                 route::Lookup::Refused(r) => return Err(r),
                 route::Lookup::Unknown { cluster, .. } => cluster,
             };
+            let Some(changes) = changed.as_mut() else {
+                // Look again with the subscription in place, so no change falls in between.
+                changed = Some(self.catalog.subscribe());
+                continue;
+            };
             let timeout = catalog
                 .on_demand
                 .as_ref()
@@ -268,7 +276,7 @@ impl Outbound {
             drop(catalog);
             let deadline = *deadline.get_or_insert_with(|| tokio::time::Instant::now() + timeout);
             self.catalog.want(wanted);
-            match tokio::time::timeout_at(deadline, changed.changed()).await {
+            match tokio::time::timeout_at(deadline, changes.changed()).await {
                 Ok(Ok(())) => continue,
                 _ => return Err(Reason::DiscoveryTimeout),
             }

@@ -36,10 +36,6 @@ use crate::identity::IdentityStore;
 use crate::metrics;
 use crate::validation::FieldError;
 
-/// Reconnect backoff: full jitter, from 0.5 s doubling up to 5 s (SPEC section 9).
-const BACKOFF_BASE: Duration = Duration::from_millis(500);
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
-
 /// What `/config_dump` shows of the control plane.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct Status {
@@ -200,10 +196,7 @@ impl Ads {
                     failures = if heard { 1 } else { failures.saturating_add(1) };
                 }
             }
-            let cap = BACKOFF_BASE
-                .saturating_mul(1u32 << failures.min(16).saturating_sub(1))
-                .min(BACKOFF_MAX);
-            let wait = cap.mul_f64(fastrand::f64());
+            let wait = channel::backoff(failures);
             tracing::info!(?wait, "control plane: reconnecting");
             // Names asked for meanwhile are kept for the next stream.
             let sleep = tokio::time::sleep(wait);

@@ -14,6 +14,17 @@ use crate::identity::IdentityStore;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Reconnect backoff for control-plane streams: full jitter, from 0.5 s doubling up to 5 s
+/// (SPEC section 9). `failures` counts the attempts since the server last answered.
+pub fn backoff(failures: u32) -> Duration {
+    const BASE: Duration = Duration::from_millis(500);
+    const MAX: Duration = Duration::from_secs(5);
+    let cap = BASE
+        .saturating_mul(1u32 << failures.min(16).saturating_sub(1))
+        .min(MAX);
+    cap.mul_f64(fastrand::f64())
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ChannelError {
     #[error("{addr}: {source}")]

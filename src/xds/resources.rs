@@ -93,12 +93,12 @@ fn duration(d: &pb::Duration) -> Option<Duration> {
     Some(Duration::new(d.seconds as u64, d.nanos as u32))
 }
 
-struct Check<'a> {
+/// Errors about one resource.
+struct Check {
     origin: Origin,
-    name: &'a str,
 }
 
-impl Check<'_> {
+impl Check {
     fn err(&self, field: &str, reason: impl Into<String>) -> FieldError {
         FieldError::new(&self.origin, field, reason)
     }
@@ -112,12 +112,11 @@ pub fn cluster(
 ) -> Result<ClusterRes, FieldError> {
     let k = Check {
         origin: Origin::Resource(c.name.clone()),
-        name: &c.name,
     };
     let (service, named_port) = parse_cluster_name(&c.name, mesh_domain).ok_or_else(|| {
         k.err(
             "name",
-            format!("{:?} is not svc.{mesh_domain}[:port]", k.name),
+            format!("{:?} is not svc.{mesh_domain}[:port]", c.name),
         )
     })?;
     let tls = upstream_tls(c, &k)?;
@@ -257,7 +256,7 @@ pub fn cluster(
     })
 }
 
-fn upstream_tls(c: &Cluster, k: &Check<'_>) -> Result<UpstreamTlsContext, FieldError> {
+fn upstream_tls(c: &Cluster, k: &Check) -> Result<UpstreamTlsContext, FieldError> {
     use envoy_types::pb::envoy::config::core::v3::transport_socket::ConfigType;
     let ts = c
         .transport_socket
@@ -279,7 +278,7 @@ fn upstream_tls(c: &Cluster, k: &Check<'_>) -> Result<UpstreamTlsContext, FieldE
 /// The exact URI SAN matcher: the identity every connection of the cluster is pinned to.
 fn pinned_identity(
     tls: &UpstreamTlsContext,
-    k: &Check<'_>,
+    k: &Check,
     trust_domain: &str,
 ) -> Result<SpiffeId, FieldError> {
     let field =
@@ -344,9 +343,7 @@ fn to_json(v: &pb::Value) -> serde_json::Value {
 pub fn assignment(cla: &ClusterLoadAssignment) -> Result<Vec<AssignedEndpoint>, FieldError> {
     let k = Check {
         origin: Origin::Resource(cla.cluster_name.clone()),
-        name: &cla.cluster_name,
     };
-    let _ = k.name;
     let mut out = Vec::new();
     for (i, group) in cla.endpoints.iter().enumerate() {
         let locality = group.locality.as_ref().and_then(|l| {

@@ -5,7 +5,6 @@
 //! exactly like a changed file.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::{data_source::Specifier, DataSource, Node};
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{secret, Secret};
@@ -24,9 +23,6 @@ use crate::metrics;
 
 pub const WORKLOAD: &str = "default";
 pub const ROOT_CA: &str = "ROOTCA";
-
-const BACKOFF_BASE: Duration = Duration::from_millis(500);
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 /// What one secret carried.
 enum Pushed {
@@ -108,10 +104,7 @@ async fn stream(
             Ok(()) => return,
             Err(heard) => failures = if heard { 1 } else { failures.saturating_add(1) },
         }
-        let cap = BACKOFF_BASE
-            .saturating_mul(1u32 << failures.min(16).saturating_sub(1))
-            .min(BACKOFF_MAX);
-        tokio::time::sleep(cap.mul_f64(fastrand::f64())).await;
+        tokio::time::sleep(channel::backoff(failures)).await;
     }
 }
 
