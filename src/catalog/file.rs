@@ -442,4 +442,27 @@ mod tests {
         let e = errors("services: [\n");
         assert!(e[0].starts_with("cat.yaml: "), "{e:?}");
     }
+
+    #[test]
+    fn endpoint_weights_default_to_one_and_zero_is_refused() {
+        let c = Catalog::parse(
+            Path::new("cat.yaml"),
+            &format!("{SVC}    endpoints: [{{ address: 10.0.0.1 }}, {{ address: 10.0.0.2, weight: 7 }}]\n"),
+            "aether.local",
+        )
+        .unwrap();
+        let w: Vec<u32> = c.services["payments"]
+            .endpoints
+            .iter()
+            .map(|e| e.weight)
+            .collect();
+        assert_eq!(w, vec![1, 7]);
+        let e = errors(&format!(
+            "{SVC}    endpoints: [{{ address: 10.0.0.1, weight: 0 }}]\n"
+        ));
+        assert_eq!(
+            e,
+            vec!["cat.yaml: services.payments.endpoints[0].weight: weight must be at least 1"]
+        );
+    }
 }

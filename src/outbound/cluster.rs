@@ -439,4 +439,20 @@ mod tests {
         }
         assert!(c.endpoints[0].is_ejected(c.now_ms()));
     }
+
+    #[test]
+    fn the_request_breaker_answers_overflow_past_its_limit_and_frees_places() {
+        let mut catalog =
+            Catalog::parse(Path::new("c.yaml"), &endpoints(1, "[8080]"), "aether.local").unwrap();
+        Arc::make_mut(catalog.services.get_mut("payments").unwrap())
+            .breakers
+            .max_requests = 2;
+        let clusters = Clusters::new("aether.internal", Arc::new(CatalogStore::new(catalog)));
+        let c = clusters.get_or_build("payments", 8080).unwrap();
+        let a = c.admit().expect("first place");
+        let _b = c.admit().expect("second place");
+        assert!(c.admit().is_none(), "a third request overflows");
+        drop(a);
+        assert!(c.admit().is_some(), "a finished request frees its place");
+    }
 }

@@ -270,3 +270,69 @@ mod tests {
         assert_eq!(e.address, c.endpoints[1].address);
     }
 }
+
+#[cfg(test)]
+mod weights_and_priorities {
+    use super::*;
+    use crate::catalog::{Catalog, CatalogStore};
+    use crate::outbound::cluster::Clusters;
+    use std::path::Path;
+
+    /// A cluster of `endpoints` (catalog YAML lines), after `edit` changed the parsed service.
+    fn cluster_with(
+        endpoints: &str,
+        edit: impl FnOnce(&mut crate::catalog::Service),
+    ) -> Arc<Cluster> {
+        let yaml = format!(
+            "services:\n  s:\n    default_port: 80\n    identity: spiffe://aether.local/ns/default/sa/s\n    endpoints:\n{endpoints}"
+        );
+        let mut catalog = Catalog::parse(Path::new("c.yaml"), &yaml, "aether.local").unwrap();
+        let svc = catalog.services.get_mut("s").unwrap();
+        edit(Arc::make_mut(svc));
+        let store = Arc::new(CatalogStore::new(catalog));
+        Clusters::new("aether.internal", store)
+            .get_or_build("s", 80)
+            .unwrap()
+    }
+
+    fn share_of(c: &Cluster, ip: &str, n: usize) -> usize {
+        let mut rng = fastrand::Rng::with_seed(11);
+        (0..n)
+            .filter(|_| {
+                let e = pick(c, None, None, &[], |k| rng.usize(..k)).unwrap();
+                e.address.ip().to_string() == ip
+            })
+            .count()
+    }
+
+    #[test]
+    fn weights_share_traffic_within_a_level() {
+        let c = cluster_with(
+            "      - { address: 10.0.0.1, weight: 1 }\n      - { address: 10.0.0.2, weight: 3 }\n",
+            |_| {},
+        );
+        let heavy = share_of(&c, "10.0.0.2", 4000);
+        assert!(
+            (2700..=3300).contains(&heavy),
+            "weight 3 of 4 got {heavy}/4000"
+        );
+    }
+
+    #[test]
+    fn control_plane_priorities_order_endpoints_instead_of_locality() {
+        let c = cluster_with(
+            "      - { address: 10.0.0.1 }\n      - { address: 10.0.0.2 }\n",
+            |s| {
+                s.endpoints[0].priority = Some(1);
+                s.endpoints[1].priority = Some(0);
+            },
+        );
+        assert!(c.by_priority);
+        assert_eq!(share_of(&c, "10.0.0.2", 500), 500);
+        // Priority 0 ejected: its traffic moves to priority 1.
+        for _ in 0..5 {
+            c.record(&c.endpoints[1], true);
+        }
+        assert_eq!(share_of(&c, "10.0.0.1", 500), 500);
+    }
+}
