@@ -359,6 +359,37 @@ pub struct Config {
     pub discovery: Option<DiscoveryConfig>,
     #[serde(default)]
     pub drain: DrainConfig,
+    #[serde(default)]
+    pub limits: LimitsConfig,
+}
+
+/// Connection caps (SPEC section 8). Envoy's overload manager plays this part there; the
+/// defaults are the SPEC's and rarely need changing.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Open connections per data listener; past it new connections are closed at accept.
+    #[serde(default = "default_max_connections")]
+    pub max_connections_per_listener: usize,
+    /// Inbound connections still in their TLS handshake; past it the oldest is closed.
+    #[serde(default = "default_max_handshakes")]
+    pub max_pending_handshakes: usize,
+}
+
+fn default_max_connections() -> usize {
+    16384
+}
+fn default_max_handshakes() -> usize {
+    1024
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_connections_per_listener: default_max_connections(),
+            max_pending_handshakes: default_max_handshakes(),
+        }
+    }
 }
 
 fn default_mesh_domain() -> String {

@@ -112,10 +112,12 @@ pub const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis
 
 /// Accepts connections until the drain reaches `Closing`, then drops the listener (new
 /// connections are refused). Each connection runs `handle` in its own task, tracked so the
-/// drain can wait for it.
+/// drain can wait for it. Past `max_open` connections of this listener, new ones are closed at
+/// accept (and counted), so a flood cannot exhaust the process's descriptors.
 pub async fn accept_until_closing<F, Fut>(
     name: &'static str,
     listener: tokio::net::TcpListener,
+    max_open: usize,
     drain: &Drain,
     tracker: &Tracker,
     handle: F,
@@ -125,15 +127,22 @@ pub async fn accept_until_closing<F, Fut>(
 {
     let closing = Drain::reached(drain.watch(), Phase::Closing);
     tokio::pin!(closing);
+    let open = Tracker::default();
     loop {
         tokio::select! {
             r = listener.accept() => match r {
                 Ok((tcp, addr)) => {
-                    let guard = tracker.track();
+                    if open.open() >= max_open {
+                        tracing::debug!(%addr, "{name}: connection limit ({max_open}) reached, closing");
+                        crate::metrics::get().connection_rejected(name, "limit");
+                        drop(tcp);
+                        continue;
+                    }
+                    let guards = (tracker.track(), open.track());
                     let conn = handle(tcp, addr);
                     tokio::spawn(async move {
                         conn.await;
-                        drop(guard);
+                        drop(guards);
                     });
                 }
                 Err(e) => {

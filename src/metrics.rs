@@ -48,6 +48,22 @@ pub struct ServicePortLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OverflowLabels {
+    pub service: String,
+    pub port: u16,
+    /// `requests` or `connections`.
+    pub breaker: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RejectedLabels {
+    pub listener: &'static str,
+    /// `limit` (the listener's connection cap) or `handshake-evicted` (the oldest connection
+    /// still in its TLS handshake, closed to admit a new one).
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
     pub result: &'static str,
 }
@@ -72,6 +88,8 @@ pub struct Metrics {
     /// 1 while the ADS stream is up.
     pub xds_connected: Gauge,
     pub xds_updates: Family<XdsUpdateLabels, Counter>,
+    pub overflows: Family<OverflowLabels, Counter>,
+    pub connections_rejected: Family<RejectedLabels, Counter>,
 }
 
 fn duration_histogram() -> Histogram {
@@ -94,6 +112,18 @@ impl Metrics {
         let identity_reloads = Family::<ResultLabels, Counter>::default();
         let xds_connected = Gauge::default();
         let xds_updates = Family::<XdsUpdateLabels, Counter>::default();
+        let overflows = Family::<OverflowLabels, Counter>::default();
+        let connections_rejected = Family::<RejectedLabels, Counter>::default();
+        registry.register(
+            "aether_cluster_overflow",
+            "Requests refused with 503 overflow, by the circuit breaker that was full",
+            overflows.clone(),
+        );
+        registry.register(
+            "aether_connections_rejected",
+            "Downstream connections closed by a listener cap",
+            connections_rejected.clone(),
+        );
         registry.register(
             "aether_xds_connected",
             "1 while the control-plane stream is up",
@@ -143,7 +173,15 @@ impl Metrics {
         }
         for listener in ["inbound", "outbound"] {
             let _ = connections_active.get_or_create(&ListenerLabels { listener });
+            let _ = connections_rejected.get_or_create(&RejectedLabels {
+                listener,
+                reason: "limit",
+            });
         }
+        let _ = connections_rejected.get_or_create(&RejectedLabels {
+            listener: "inbound",
+            reason: "handshake-evicted",
+        });
         for direction in [Direction::inbound, Direction::outbound] {
             let _ = duration.get_or_create(&DirectionLabels { direction });
         }
@@ -162,7 +200,25 @@ impl Metrics {
             identity_reloads,
             xds_connected,
             xds_updates,
+            overflows,
+            connections_rejected,
         }
+    }
+
+    pub fn overflow(&self, service: &str, port: u16, breaker: &'static str) {
+        self.overflows
+            .get_or_create(&OverflowLabels {
+                service: service.to_string(),
+                port,
+                breaker,
+            })
+            .inc();
+    }
+
+    pub fn connection_rejected(&self, listener: &'static str, reason: &'static str) {
+        self.connections_rejected
+            .get_or_create(&RejectedLabels { listener, reason })
+            .inc();
     }
 
     pub fn xds_update(&self, r#type: &'static str, ack: bool) {

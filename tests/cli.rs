@@ -98,6 +98,20 @@ fn check_names_the_catalog_file_and_field() {
     assert!(e.contains("outside the trust domain"), "{e}");
 }
 
+/// A circuit breaker of 0 would refuse every request: refused, naming the field.
+#[test]
+fn check_refuses_a_zero_circuit_breaker() {
+    let bad = "services:\n  payments:\n    default_port: 8080\n    identity: spiffe://aether.local/ns/default/sa/payments\n    circuit_breakers: { max_connections: 0 }\n";
+    let dir = setup(&[("cfg.yaml", &config("")), ("catalog.yaml", bad)]);
+    let o = aether(dir.path(), &["check", "--config", "cfg.yaml"]);
+    assert_eq!(o.status.code(), Some(1));
+    let e = stderr(&o);
+    assert!(
+        e.contains("error: catalog.yaml: services.payments.circuit_breakers.max_connections: must be at least 1"),
+        "{e}"
+    );
+}
+
 #[test]
 fn check_refuses_missing_files_and_broken_yaml() {
     let dir = setup(&[("cfg.yaml", &config("")), ("broken.yaml", "inbound: [\n")]);

@@ -14,11 +14,13 @@ async fn readyz(p: &Proxy) -> (u16, serde_json::Value) {
     }
 }
 
+/// Polls `/readyz` until it answers `want`; a 503 while the proxy is still starting (its own
+/// listeners not up yet, on a loaded machine) does not count as the answer.
 async fn wait_for_status(p: &Proxy, want: u16) -> serde_json::Value {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let (status, body) = readyz(p).await;
-        if status == want {
+        if status == want && body["reason"] != "starting" {
             return body;
         }
         assert!(

@@ -78,10 +78,26 @@ struct RawService {
     request_timeout: Option<Duration>,
     #[serde(default)]
     max_requests_per_connection: u32,
+    /// Envoy's cluster circuit-breaker thresholds; Envoy's defaults when absent.
+    #[serde(default)]
+    circuit_breakers: Option<RawBreakers>,
     #[serde(default)]
     routes: Vec<RawRoute>,
     #[serde(default)]
     endpoints: Vec<RawEndpoint>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBreakers {
+    #[serde(default = "default_breaker")]
+    max_requests: u32,
+    #[serde(default = "default_breaker")]
+    max_connections: u32,
+}
+
+fn default_breaker() -> u32 {
+    Breakers::default().max_requests
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -153,6 +169,19 @@ fn service(
     for port in raw.protocols.keys() {
         if *port == 0 {
             err(".protocols".into(), "port must be in 1..65535".into());
+        }
+    }
+    if let Some(b) = &raw.circuit_breakers {
+        for (field, v) in [
+            ("max_requests", b.max_requests),
+            ("max_connections", b.max_connections),
+        ] {
+            if v == 0 {
+                err(
+                    format!(".circuit_breakers.{field}"),
+                    "must be at least 1 (0 would refuse every request)".into(),
+                );
+            }
         }
     }
     let routes = raw
@@ -228,7 +257,13 @@ fn service(
         max_requests_per_connection: raw.max_requests_per_connection,
         routes,
         outlier: Outlier::default(),
-        breakers: Breakers::default(),
+        breakers: raw
+            .circuit_breakers
+            .map(|b| Breakers {
+                max_requests: b.max_requests,
+                max_connections: b.max_connections,
+            })
+            .unwrap_or_default(),
         endpoints,
         loaded: ports.clone(),
         ports,

@@ -187,14 +187,14 @@ impl HttpChains {
         let _ = tcp.set_nodelay(true);
         let io = TokioIo::new(tcp);
         if h2 {
-            let s = pool::handshake_h2(io).await.map_err(|e| {
+            let s = pool::handshake_h2(io, ()).await.map_err(|e| {
                 tracing::debug!(port, "inbound: h2c handshake with the app failed: {e}");
                 Reason::UpstreamProtocolError
             })?;
             let stream = self.app_pool.put_h2((port, true), s.clone(), 0);
             Ok(Conn::H2(s, stream))
         } else {
-            let s = pool::handshake_h1(io)
+            let s = pool::handshake_h1(io, ())
                 .await
                 .map_err(|_| Reason::AppUnavailable)?;
             Ok(Conn::H1(s, 0))

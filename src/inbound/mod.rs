@@ -6,6 +6,7 @@
 
 pub mod chain;
 pub mod clienthello;
+pub mod handshakes;
 pub mod http;
 pub mod peer;
 pub mod prefixed;
@@ -26,6 +27,7 @@ use crate::identity::IdentityStore;
 use crate::metrics;
 use crate::outbound::pool::Pool;
 use chain::{Chains, Server};
+use handshakes::Handshakes;
 use http::HttpChains;
 use peer::Peer;
 use prefixed::Prefixed;
@@ -46,6 +48,8 @@ pub struct Inbound {
     pub drain: Drain,
     pub tracker: Tracker,
     pub http: Arc<HttpChains>,
+    pub handshakes: Arc<Handshakes>,
+    max_connections: usize,
 }
 
 impl Inbound {
@@ -74,6 +78,8 @@ impl Inbound {
             }),
             drain,
             tracker,
+            handshakes: Handshakes::new(cfg.limits.max_pending_handshakes),
+            max_connections: cfg.limits.max_connections_per_listener,
         }
     }
 
@@ -81,22 +87,59 @@ impl Inbound {
     pub async fn serve(self: Arc<Self>, listener: TcpListener) {
         self.http.app_pool.spawn_sweeper();
         let (drain, tracker) = (self.drain.clone(), self.tracker.clone());
-        accept_until_closing("inbound", listener, &drain, &tracker, |tcp, addr| {
+        let max = self.max_connections;
+        accept_until_closing("inbound", listener, max, &drain, &tracker, |tcp, addr| {
             self.clone().connection(tcp, addr)
         })
         .await;
     }
 
-    async fn connection(self: Arc<Self>, mut tcp: TcpStream, addr: SocketAddr) {
+    async fn connection(self: Arc<Self>, tcp: TcpStream, addr: SocketAddr) {
         let _active = metrics::ActiveConnection::new("inbound");
         let _ = tcp.set_nodelay(true);
+        let mut pending = self.handshakes.enter();
+        let accepted = tokio::select! {
+            a = self.handshake(tcp, addr) => a,
+            _ = pending.evicted() => {
+                tracing::debug!(%addr, "inbound: closed before its handshake ended, to admit a newer connection");
+                metrics::get().handshake("inbound", false);
+                return;
+            }
+        };
+        drop(pending);
+        let Some((tls, chain)) = accepted else {
+            return;
+        };
+        metrics::get().handshake("inbound", true);
+        let Some(peer) = Peer::of(&tls, addr, &self.trust_domain) else {
+            return;
+        };
+        match chain.server(tls.ssl().selected_alpn_protocol()) {
+            Server::Tcp => tcp::forward(self.http.app_host, &chain, &peer, tls).await,
+            Server::Http(codec) => {
+                let own_id = self.identity.current().identity.spiffe_id.clone();
+                self.http
+                    .clone()
+                    .serve(codec, chain, peer, &own_id, tls)
+                    .await
+            }
+        }
+    }
+
+    /// Reads the ClientHello, picks the chain its SNI names and completes the handshake with
+    /// that port's context. `None` (counted as a failed handshake) when any step fails.
+    async fn handshake(
+        &self,
+        mut tcp: TcpStream,
+        addr: SocketAddr,
+    ) -> Option<(tokio_boring::SslStream<Prefixed<TcpStream>>, chain::Chain)> {
         let mut buf = BytesMut::with_capacity(2048);
         let hello = match clienthello::read(&mut tcp, &mut buf, HELLO_TIMEOUT).await {
             Ok(h) => h,
             Err(e) => {
                 tracing::debug!(%addr, "inbound: no usable ClientHello: {e}");
                 metrics::get().handshake("inbound", false);
-                return;
+                return None;
             }
         };
         let contexts = self.identity.current();
@@ -109,37 +152,22 @@ impl Inbound {
             metrics::get().handshake("inbound", false);
             let _ = tcp.write_all(&ALERT_UNRECOGNIZED_NAME).await;
             let _ = tcp.shutdown().await;
-            return;
+            return None;
         };
         let io = Prefixed::new(buf.freeze(), tcp);
         let accepted =
             tokio::time::timeout(HANDSHAKE_TIMEOUT, tokio_boring::accept(acceptor, io)).await;
-        let tls = match accepted {
-            Ok(Ok(tls)) => tls,
+        match accepted {
+            Ok(Ok(tls)) => Some((tls, chain.clone())),
             Ok(Err(e)) => {
                 tracing::debug!(%addr, "inbound handshake failed: {e}");
                 metrics::get().handshake("inbound", false);
-                return;
+                None
             }
             Err(_) => {
                 tracing::debug!(%addr, "inbound handshake timed out");
                 metrics::get().handshake("inbound", false);
-                return;
-            }
-        };
-        metrics::get().handshake("inbound", true);
-        let Some(peer) = Peer::of(&tls, addr, &self.trust_domain) else {
-            return;
-        };
-        let chain = chain.clone();
-        match chain.server(tls.ssl().selected_alpn_protocol()) {
-            Server::Tcp => tcp::forward(self.http.app_host, &chain, &peer, tls).await,
-            Server::Http(codec) => {
-                let own_id = &contexts.identity.spiffe_id;
-                self.http
-                    .clone()
-                    .serve(codec, chain, peer, own_id, tls)
-                    .await
+                None
             }
         }
     }

@@ -90,6 +90,9 @@ pub struct Cluster {
     /// Requests in flight on this cluster (the request circuit breaker); shared with the
     /// cluster's predecessors and successors across catalog changes.
     requests: Arc<AtomicU32>,
+    /// Upstream connections open for this cluster (the connection circuit breaker), shared
+    /// the same way.
+    connections: Arc<AtomicU32>,
     /// Where outlier time is measured from.
     epoch: Instant,
 }
@@ -103,13 +106,39 @@ impl Drop for Admitted {
     }
 }
 
+/// One upstream connection's place under its cluster's connection breaker, released when the
+/// connection closes (the connection's task holds it).
+pub struct ConnSlot(Arc<AtomicU32>);
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 impl Cluster {
+    /// A place for one more upstream connection, or `None` when the breaker is full.
+    pub fn connection_slot(&self) -> Option<ConnSlot> {
+        let max = self.service.breakers.max_connections;
+        let prev = self.connections.fetch_add(1, Ordering::Relaxed);
+        let slot = ConnSlot(self.connections.clone());
+        if prev < max {
+            return Some(slot);
+        }
+        metrics::get().overflow(&self.service.name, self.port, "connections");
+        None
+    }
+
     /// A place for one more request, or `None` when the breaker is full (503 `overflow`).
     pub fn admit(&self) -> Option<Admitted> {
         let max = self.service.breakers.max_requests;
         let prev = self.requests.fetch_add(1, Ordering::Relaxed);
         let admitted = Admitted(self.requests.clone());
-        (prev < max).then_some(admitted)
+        if prev < max {
+            return Some(admitted);
+        }
+        metrics::get().overflow(&self.service.name, self.port, "requests");
+        None
     }
 
     pub fn now_ms(&self) -> u64 {
@@ -261,6 +290,7 @@ impl Clusters {
             port,
             endpoints,
             requests: old.map(|o| o.requests.clone()).unwrap_or_default(),
+            connections: old.map(|o| o.connections.clone()).unwrap_or_default(),
             epoch: self.epoch,
         }
     }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use super::cluster::Cluster;
+use super::cluster::{Cluster, ConnSlot};
 use super::pool::{self, Conn, Pool};
 use crate::config::Config;
 use crate::http::answer::Reason;
@@ -51,12 +51,16 @@ pub enum ConnectError {
         protocol: &'static str,
         source: hyper::Error,
     },
+    /// The cluster's connection breaker is full; nothing was dialled.
+    #[error("the cluster's connection limit is reached")]
+    Overflow,
 }
 
 impl ConnectError {
     pub fn reason(&self) -> Reason {
         match self {
             ConnectError::Identity { .. } => Reason::UpstreamIdentityMismatch,
+            ConnectError::Overflow => Reason::Overflow,
             ConnectError::Tcp { .. }
             | ConnectError::Setup(_)
             | ConnectError::Tls { .. }
@@ -71,9 +75,10 @@ impl ConnectError {
             ConnectError::Tcp { source, .. } => Some(source.kind()),
             ConnectError::Tls { io, .. } => *io,
             ConnectError::Timeout { .. } => Some(io::ErrorKind::TimedOut),
-            ConnectError::Setup(_) | ConnectError::Identity { .. } | ConnectError::Http { .. } => {
-                None
-            }
+            ConnectError::Setup(_)
+            | ConnectError::Identity { .. }
+            | ConnectError::Http { .. }
+            | ConnectError::Overflow => None,
         }
     }
 }
@@ -198,16 +203,18 @@ impl Upstream {
         self.sources_with_identity.contains(&src).then_some(src)
     }
 
-    /// A raw mTLS connection (no ALPN) for a CONNECT tunnel.
+    /// A raw mTLS connection (no ALPN) for a CONNECT tunnel, with its place under the
+    /// cluster's connection breaker (hold it as long as the tunnel).
     pub async fn connect_tcp(
         &self,
         cluster: &Cluster,
         endpoint: SocketAddr,
         src: IpAddr,
-    ) -> Result<UpstreamTls, ConnectError> {
+    ) -> Result<(UpstreamTls, ConnSlot), ConnectError> {
+        let slot = cluster.connection_slot().ok_or(ConnectError::Overflow)?;
         let svc = &cluster.service;
         let contexts = self.identity.current();
-        connect(
+        let tls = connect(
             contexts.connector_for(self.source_key(src)),
             endpoint,
             cluster.port,
@@ -215,7 +222,8 @@ impl Upstream {
             &svc.identity,
             svc.connect_timeout,
         )
-        .await
+        .await?;
+        Ok((tls, slot))
     }
 
     /// A new HTTP connection for `key`, in the protocol the server chose by ALPN. A new HTTP/2
@@ -225,6 +233,7 @@ impl Upstream {
         key: &PoolKey,
         cluster: &Cluster,
     ) -> Result<Conn, ConnectError> {
+        let slot = cluster.connection_slot().ok_or(ConnectError::Overflow)?;
         let svc = &cluster.service;
         let addr = key.endpoint;
         let contexts = self.identity.current();
@@ -239,7 +248,7 @@ impl Upstream {
         .await?;
         let io = TokioIo::new(tls);
         if io.inner().ssl().selected_alpn_protocol() == Some(ALPN_H2) {
-            let s = pool::handshake_h2(io)
+            let s = pool::handshake_h2(io, slot)
                 .await
                 .map_err(|source| ConnectError::Http {
                     addr,
@@ -251,7 +260,7 @@ impl Upstream {
                 .put_h2(key.clone(), s.clone(), svc.max_requests_per_connection);
             Ok(Conn::H2(s, stream))
         } else {
-            let s = pool::handshake_h1(io)
+            let s = pool::handshake_h1(io, slot)
                 .await
                 .map_err(|source| ConnectError::Http {
                     addr,

@@ -7,7 +7,7 @@ use http::{Request, Response, Version};
 use hyper::body::Incoming;
 
 use super::cluster::{ActiveGuard, Cluster};
-use super::connect::Upstream;
+use super::connect::{ConnectError, Upstream};
 use super::pool::{Conn, SendError, StreamGuard};
 use super::retry::{Tries, MAX_RETRIES};
 use super::route::choose_subset;
@@ -66,16 +66,32 @@ async fn attempts(
         let key = up.key(cluster, ep.address, h2_first, src);
         let conn = match up.pool.get(&key, max_uses) {
             Some(c) => c,
-            None => match up.connect_http(&key, cluster).await {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::info!(cluster = %cluster.name, endpoint = %ep.address, "upstream connect failed: {e}");
-                    if !tries.failed(&ep, e.reason()) {
-                        break;
+            None => {
+                let mut turn = up.pool.dial_turn(&key).await;
+                // While this request waited, the dial before it may have added an HTTP/2
+                // connection it can share, or failed.
+                match up.pool.get(&key, max_uses) {
+                    Some(c) => c,
+                    None if turn.waited_for_a_failure() => {
+                        if !tries.skip(&ep, Reason::UpstreamConnectFailure) {
+                            break;
+                        }
+                        continue;
                     }
-                    continue;
+                    None => match up.connect_http(&key, cluster).await {
+                        Ok(c) => c,
+                        Err(ConnectError::Overflow) => return Err(Reason::Overflow),
+                        Err(e) => {
+                            turn.failed();
+                            tracing::info!(cluster = %cluster.name, endpoint = %ep.address, "upstream connect failed: {e}");
+                            if !tries.failed(&ep, e.reason()) {
+                                break;
+                            }
+                            continue;
+                        }
+                    },
                 }
-            },
+            }
         };
         let mut r = req.take().expect("a request is present until sent");
         let to_h2 = matches!(conn, Conn::H2(..));

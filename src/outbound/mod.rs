@@ -48,6 +48,7 @@ pub struct Outbound {
     pub servers: Servers,
     pub drain: Drain,
     pub tracker: Tracker,
+    max_connections: usize,
 }
 
 /// What one request did, for the access log and metrics.
@@ -93,6 +94,7 @@ impl Outbound {
             servers: Servers::new(),
             drain,
             tracker,
+            max_connections: cfg.limits.max_connections_per_listener,
         }
     }
 
@@ -100,7 +102,8 @@ impl Outbound {
         self.upstream.pool.spawn_sweeper();
         self.follow_catalog();
         let (drain, tracker) = (self.drain.clone(), self.tracker.clone());
-        accept_until_closing("outbound", listener, &drain, &tracker, |tcp, addr| {
+        let max = self.max_connections;
+        accept_until_closing("outbound", listener, max, &drain, &tracker, |tcp, addr| {
             self.clone().connection(tcp, addr)
         })
         .await;
@@ -315,7 +318,7 @@ impl Outbound {
         admitted: Admitted,
     ) -> Outcome {
         let locality = self.locality.as_ref();
-        let (tls, ep) = match tunnel::open(&self.upstream, locality, cluster, src).await {
+        let (tls, slot, ep) = match tunnel::open(&self.upstream, locality, cluster, src).await {
             Ok(v) => v,
             Err(r) => return Outcome::error(r),
         };
@@ -323,6 +326,7 @@ impl Outbound {
         let held = (
             ActiveGuard::new(ep.clone()),
             admitted,
+            slot,
             self.tracker.track(),
             open.take().map(RequestOpen::answered),
         );

@@ -58,6 +58,38 @@ struct Slot {
     /// With the time each was last handed out.
     h2: Vec<(H2, Arc<H2Stats>, Instant)>,
     h1: Vec<(H1, Instant, u32)>,
+    /// Whose turn it is to dial this key (one connect in flight per key).
+    dialer: Arc<tokio::sync::Mutex<LastDial>>,
+}
+
+impl Slot {
+    fn in_use(&self) -> bool {
+        !self.h2.is_empty() || !self.h1.is_empty() || Arc::strong_count(&self.dialer) > 1
+    }
+}
+
+#[derive(Default)]
+pub struct LastDial {
+    failed_at: Option<Instant>,
+}
+
+/// The right to dial a key. Requests that find no pooled connection take turns, so a burst of
+/// them opens one connection at a time instead of one each (a new HTTP/2 connection then serves
+/// them all); a failed dial fails the requests that waited for it instead of being repeated.
+pub struct DialTurn {
+    last: tokio::sync::OwnedMutexGuard<LastDial>,
+    since: Instant,
+}
+
+impl DialTurn {
+    /// The dial this request waited for failed.
+    pub fn waited_for_a_failure(&self) -> bool {
+        self.last.failed_at.is_some_and(|t| t >= self.since)
+    }
+
+    pub fn failed(&mut self) {
+        self.last.failed_at = Some(Instant::now());
+    }
 }
 
 pub struct Pool<K> {
@@ -105,6 +137,19 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
             }
         }
         None
+    }
+
+    /// Waits for the turn to dial `key`.
+    pub async fn dial_turn(&self, key: &K) -> DialTurn {
+        let dialer = {
+            let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+            map.entry(key.clone()).or_default().dialer.clone()
+        };
+        let since = Instant::now();
+        DialTurn {
+            last: dialer.lock_owned().await,
+            since,
+        }
     }
 
     /// Shares a new HTTP/2 connection for later requests; the caller's request is its first
@@ -162,7 +207,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
                     && now.duration_since(*last) >= IDLE_TIMEOUT;
                 !h2.is_closed() && !idle
             });
-            !slot.h2.is_empty() || !slot.h1.is_empty()
+            slot.in_use()
         });
     }
 
@@ -222,24 +267,29 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
     }
 }
 
-/// Starts an HTTP/1.1 client connection on `io`.
-pub async fn handshake_h1<T>(io: T) -> hyper::Result<H1>
+/// Starts an HTTP/1.1 client connection on `io`; `held` (a circuit-breaker place) lives as
+/// long as the connection.
+pub async fn handshake_h1<T, G>(io: T, held: G) -> hyper::Result<H1>
 where
     T: Read + Write + Unpin + Send + 'static,
+    G: Send + 'static,
 {
     let (send, conn) = http1::Builder::new().handshake(io).await?;
     tokio::spawn(async move {
         if let Err(e) = conn.await {
             tracing::debug!("upstream h1 connection ended: {e}");
         }
+        drop(held);
     });
     Ok(send)
 }
 
-/// Starts an HTTP/2 client connection on `io`, with Envoy's flow-control windows.
-pub async fn handshake_h2<T>(io: T) -> hyper::Result<H2>
+/// Starts an HTTP/2 client connection on `io`, with Envoy's flow-control windows; `held` lives
+/// as long as the connection.
+pub async fn handshake_h2<T, G>(io: T, held: G) -> hyper::Result<H2>
 where
     T: Read + Write + Unpin + Send + 'static,
+    G: Send + 'static,
 {
     let (send, conn) = http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
@@ -254,6 +304,7 @@ where
         if let Err(e) = conn.await {
             tracing::debug!("upstream h2 connection ended: {e}");
         }
+        drop(held);
     });
     Ok(send)
 }
@@ -282,7 +333,7 @@ mod tests {
             }
         });
         let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-        handshake_h2(TokioIo::new(tcp)).await.unwrap()
+        handshake_h2(TokioIo::new(tcp), ()).await.unwrap()
     }
 
     #[tokio::test]

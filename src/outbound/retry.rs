@@ -57,6 +57,14 @@ impl<'a> Tries<'a> {
         self.tried.len() <= MAX_RETRIES
     }
 
+    /// Records that `ep` is not worth trying for this request (a dial to it just failed for
+    /// another request; outlier detection counted that one). False when no retry is left.
+    pub fn skip(&mut self, ep: &EndpointState, reason: Reason) -> bool {
+        self.tried.push(ep.address);
+        self.last = reason;
+        self.tried.len() <= MAX_RETRIES
+    }
+
     pub fn last(&self) -> Reason {
         self.last
     }

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 
-use super::cluster::{Cluster, EndpointState};
-use super::connect::{Upstream, UpstreamTls};
+use super::cluster::{Cluster, ConnSlot, EndpointState};
+use super::connect::{ConnectError, Upstream, UpstreamTls};
 use super::retry::Tries;
 use crate::config::Locality;
 use crate::http::answer::Reason;
@@ -19,15 +19,16 @@ pub async fn open(
     locality: Option<&Locality>,
     cluster: &Cluster,
     src: IpAddr,
-) -> Result<(UpstreamTls, Arc<EndpointState>), Reason> {
+) -> Result<(UpstreamTls, ConnSlot, Arc<EndpointState>), Reason> {
     let mut tries = Tries::new(cluster, None, locality);
     loop {
         let ep = tries.next()?;
         match up.connect_tcp(cluster, ep.address, src).await {
-            Ok(tls) => {
+            Ok((tls, slot)) => {
                 cluster.record(&ep, false);
-                return Ok((tls, ep));
+                return Ok((tls, slot, ep));
             }
+            Err(ConnectError::Overflow) => return Err(Reason::Overflow),
             Err(e) => {
                 tracing::info!(cluster = %cluster.name, endpoint = %ep.address, "tunnel connect failed: {e}");
                 if !tries.failed(&ep, e.reason()) {

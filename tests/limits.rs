@@ -1,0 +1,467 @@
+//! Caps (SPEC section 8): the per-cluster circuit breakers (requests, upstream connections),
+//! one dial per pool key at a time, the per-listener connection cap and the cap on inbound
+//! connections still in their TLS handshake. Every rejection is counted.
+//!
+//! Real `aether-proxy run` processes and real mTLS on loopback, as in `common::mesh`.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::live::wait_metric;
+use common::mesh::*;
+use common::*;
+use tokio::io::AsyncReadExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+
+/// A server pod whose proxy config ends with `extra` (for `limits:`).
+async fn server_proxy_with(certs: &Certs, pod: PodNet, extra: &str) -> Proxy {
+    let config = format!(
+        "trust_domain: {TD}\n{}{}{extra}",
+        certs.identity_yaml("payments"),
+        pod.listeners_yaml(8080, &["{ port: 8080, protocol: auto }"])
+    );
+    Proxy::start(&config, "services: {}\n").await
+}
+
+fn slow(path: &str, ms: u64) -> http::Request<http_body_util::Full<bytes::Bytes>> {
+    empty(
+        get(path)
+            .header("host", SVC)
+            .header("x-app-delay-ms", ms.to_string()),
+    )
+}
+
+/// True when the peer closed `s` (EOF or reset) within `limit`.
+async fn closed_within(s: &mut TcpStream, limit: Duration) -> bool {
+    let mut b = [0u8; 64];
+    match tokio::time::timeout(limit, s.read(&mut b)).await {
+        Ok(Ok(0)) | Ok(Err(_)) => true,
+        Ok(Ok(_)) => panic!("the proxy sent bytes to a connection that sent nothing"),
+        Err(_) => false,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Circuit breakers
+// ---------------------------------------------------------------------------------------------
+
+/// `max_connections: 1` with HTTP/1.1 upstream connections: while the one connection carries a
+/// slow request, a second concurrent request would need a second connection: 503 `overflow`,
+/// counted. Once the first is done its connection is reused (no new connection needed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_connection_breaker_answers_overflow_and_reuses_what_it_has() {
+    let net = Net::fresh();
+    let (client_pod, p1) = (net.pod(0), net.pod(1));
+    let certs = certs();
+    let app = HttpApp::auto(p1.app(8080)).await;
+    let _s1 = server_proxy(&certs, p1, "payments", &["{ port: 8080, protocol: auto }"]).await;
+    let cat = catalog(&[service(
+        "payments",
+        &certs.spiffe_id(PAYMENTS),
+        "    circuit_breakers: { max_connections: 1 }\n",
+        &[endpoint(p1.proxy_ip(), &[8080])],
+    )]);
+    let client = client_proxy(&certs, client_pod, &cat, "").await;
+    let out = client_pod.outbound();
+
+    let first = tokio::spawn(async move { h1_to(out).await.send(slow("/slow", 1500)).await });
+    // Wait until the slow request holds the one upstream connection.
+    within(
+        Duration::from_secs(5),
+        "the slow request reaches the app",
+        async {
+            while app.seen().is_empty() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let r = get_h1(out, SVC, "/second").await;
+    assert_proxy_error(
+        &r,
+        503,
+        "overflow",
+        "a second connection is over the breaker",
+    );
+    let counted = metric_sum(
+        &client,
+        "aether_cluster_overflow_total",
+        &["breaker=\"connections\"", "service=\"payments\""],
+    )
+    .await;
+    assert_eq!(counted, 1.0, "the overflow is counted once");
+
+    let r = first.await.unwrap().unwrap();
+    assert_app_ok(&r, 8080, "the slow request");
+    let r = get_h1(out, SVC, "/third").await;
+    assert_app_ok(&r, 8080, "the pooled connection is reused");
+    assert_eq!(app.connections(), 1, "one upstream connection in all");
+}
+
+/// `max_requests: 2`: a third concurrent request is answered 503 `overflow` at once; a
+/// finished request frees its place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_request_breaker_answers_overflow_past_its_limit() {
+    let net = Net::fresh();
+    let (client_pod, p1) = (net.pod(0), net.pod(1));
+    let certs = certs();
+    let app = HttpApp::auto(p1.app(8080)).await;
+    let _s1 = server_proxy(&certs, p1, "payments", &["{ port: 8080, protocol: auto }"]).await;
+    let cat = catalog(&[service(
+        "payments",
+        &certs.spiffe_id(PAYMENTS),
+        "    circuit_breakers: { max_requests: 2 }\n",
+        &[endpoint(p1.proxy_ip(), &[8080])],
+    )]);
+    let client = client_proxy(&certs, client_pod, &cat, "").await;
+    let out = client_pod.outbound();
+
+    let mut slow_ones = JoinSet::new();
+    for i in 0..2 {
+        slow_ones.spawn(async move {
+            h2_to(out)
+                .await
+                .send(empty(
+                    get(&format!("http://{SVC}/slow-{i}")).header("x-app-delay-ms", "1500"),
+                ))
+                .await
+        });
+    }
+    within(
+        Duration::from_secs(5),
+        "both slow requests reach the app",
+        async {
+            while app.seen().len() < 2 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let t = Instant::now();
+    let r = get_h1(out, SVC, "/third").await;
+    assert_proxy_error(&r, 503, "overflow", "a third request in flight");
+    assert!(
+        t.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        t.elapsed()
+    );
+    let counted = metric_sum(
+        &client,
+        "aether_cluster_overflow_total",
+        &["breaker=\"requests\""],
+    )
+    .await;
+    assert_eq!(counted, 1.0);
+    while let Some(r) = slow_ones.join_next().await {
+        assert_app_ok(&r.unwrap().unwrap(), 8080, "a slow request");
+    }
+    let r = get_h1(out, SVC, "/fourth").await;
+    assert_app_ok(&r, 8080, "places are freed");
+}
+
+// ---------------------------------------------------------------------------------------------
+// One dial per pool key
+// ---------------------------------------------------------------------------------------------
+
+/// Twenty concurrent first requests from HTTP/2 callers to a cold endpoint open ONE upstream
+/// connection (the others wait for it and share it), not twenty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_first_requests_dials_once() {
+    let net = Net::fresh();
+    let (client_pod, p1) = (net.pod(0), net.pod(1));
+    let certs = certs();
+    let _app = HttpApp::auto(p1.app(8080)).await;
+    let server = server_proxy(&certs, p1, "payments", &["{ port: 8080, protocol: auto }"]).await;
+    let cat = catalog(&[service(
+        "payments",
+        &certs.spiffe_id(PAYMENTS),
+        "",
+        &[endpoint(p1.proxy_ip(), &[8080])],
+    )]);
+    let _client = client_proxy(&certs, client_pod, &cat, "").await;
+    let out = client_pod.outbound();
+
+    let mut callers = Vec::new();
+    for _ in 0..20 {
+        callers.push(h2_to(out).await);
+    }
+    let mut set = JoinSet::new();
+    for (i, mut c) in callers.into_iter().enumerate() {
+        set.spawn(async move { c.send(empty(get(&format!("http://{SVC}/burst-{i}")))).await });
+    }
+    while let Some(r) = set.join_next().await {
+        assert_app_ok(&r.unwrap().unwrap(), 8080, "a burst request");
+    }
+    let handshakes = metric_sum(
+        &server,
+        "aether_tls_handshakes_total",
+        &["listener=\"inbound\"", "result=\"ok\""],
+    )
+    .await;
+    assert_eq!(
+        handshakes, 1.0,
+        "one upstream connection for the whole burst"
+    );
+}
+
+/// An endpoint that accepts TCP and never answers TLS: ten concurrent requests wait for ONE
+/// dial and fail with it (503 `upstream-connect-failure` after about one connect timeout),
+/// instead of dialling one after the other (ten timeouts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_dial_fails_the_requests_that_waited_for_it() {
+    let net = Net::fresh();
+    let client_pod = net.pod(0);
+    let black_hole = net.pod(1);
+    let certs = certs();
+    let silent = TcpListener::bind(black_hole.inbound()).await.unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let held = {
+        let accepted = accepted.clone();
+        tokio::spawn(async move {
+            let mut conns = Vec::new();
+            while let Ok((s, _)) = silent.accept().await {
+                accepted.fetch_add(1, Ordering::SeqCst);
+                conns.push(s);
+            }
+        })
+    };
+    let cat = catalog(&[service(
+        "payments",
+        &certs.spiffe_id(PAYMENTS),
+        "    connect_timeout: 500ms\n",
+        &[endpoint(black_hole.proxy_ip(), &[8080])],
+    )]);
+    let _client = client_proxy(&certs, client_pod, &cat, "").await;
+    let out = client_pod.outbound();
+
+    let t = Instant::now();
+    let mut set = JoinSet::new();
+    for i in 0..10 {
+        set.spawn(async move { get_h1(out, SVC, &format!("/doomed-{i}")).await });
+    }
+    while let Some(r) = set.join_next().await {
+        assert_proxy_error(
+            &r.unwrap(),
+            503,
+            "upstream-connect-failure",
+            "the endpoint never completes TLS",
+        );
+    }
+    let took = t.elapsed();
+    assert!(
+        took < Duration::from_millis(2500),
+        "ten waiters took {took:?}: they dialled one after the other"
+    );
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        1,
+        "one dial for ten concurrent requests"
+    );
+    held.abort();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Listener caps
+// ---------------------------------------------------------------------------------------------
+
+/// `limits.max_connections_per_listener: 5`: a sixth connection to the outbound listener is
+/// closed at accept and counted; the five keep working, and a place freed is a place usable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_closes_connections_past_its_cap() {
+    let net = Net::fresh();
+    let (client_pod, p1) = (net.pod(0), net.pod(1));
+    let certs = certs();
+    let _app = HttpApp::auto(p1.app(8080)).await;
+    let _s1 = server_proxy(&certs, p1, "payments", &["{ port: 8080, protocol: auto }"]).await;
+    let cat = catalog(&[service(
+        "payments",
+        &certs.spiffe_id(PAYMENTS),
+        "",
+        &[endpoint(p1.proxy_ip(), &[8080])],
+    )]);
+    let client = client_proxy(
+        &certs,
+        client_pod,
+        &cat,
+        "limits:\n  max_connections_per_listener: 5\n",
+    )
+    .await;
+    let out = client_pod.outbound();
+
+    let mut held = Vec::new();
+    for _ in 0..5 {
+        held.push(h1_to(out).await);
+    }
+    // The listener counts a connection once its task runs: give the five a moment.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut sixth = TcpStream::connect(out).await.unwrap();
+    assert!(
+        closed_within(&mut sixth, Duration::from_secs(2)).await,
+        "the sixth connection must be closed"
+    );
+    assert_eq!(
+        metric_sum(
+            &client,
+            "aether_connections_rejected_total",
+            &["listener=\"outbound\"", "reason=\"limit\""]
+        )
+        .await,
+        1.0
+    );
+    for (i, c) in held.iter_mut().enumerate() {
+        let r = c
+            .send(empty(get(&format!("/held-{i}")).header("host", SVC)))
+            .await
+            .unwrap();
+        assert_app_ok(&r, 8080, "a connection under the cap");
+    }
+    held.pop();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let r = get_h1(out, SVC, "/after").await;
+    assert_app_ok(&r, 8080, "a freed place admits a new connection");
+}
+
+/// `limits.max_pending_handshakes: 4` on a server pod: a fifth silent connection to :15008
+/// closes the OLDEST silent one (not the newest, not the others); a real peer still gets
+/// through while silent connections keep arriving; each eviction is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_oldest_unfinished_handshake_makes_room_for_a_new_connection() {
+    let net = Net::fresh();
+    let (client_pod, p1) = (net.pod(0), net.pod(1));
+    let certs = certs();
+    let _app = HttpApp::auto(p1.app(8080)).await;
+    let server = server_proxy_with(&certs, p1, "limits:\n  max_pending_handshakes: 4\n").await;
+    let cat = catalog(&[service(
+        "payments",
+        &certs.spiffe_id(PAYMENTS),
+        "",
+        &[endpoint(p1.proxy_ip(), &[8080])],
+    )]);
+    let _client = client_proxy(&certs, client_pod, &cat, "").await;
+    let out = client_pod.outbound();
+    let inbound: SocketAddr = p1.inbound();
+
+    let mut silent = Vec::new();
+    for _ in 0..4 {
+        silent.push(TcpStream::connect(inbound).await.unwrap());
+        // Admission order is accept order: keep them apart.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _fifth = TcpStream::connect(inbound).await.unwrap();
+    assert!(
+        closed_within(&mut silent[0], Duration::from_secs(2)).await,
+        "the oldest silent connection is closed"
+    );
+    for s in silent.iter_mut().skip(1) {
+        assert!(
+            !closed_within(s, Duration::from_millis(100)).await,
+            "younger silent connections stay"
+        );
+    }
+    assert_eq!(
+        metric_sum(
+            &server,
+            "aether_connections_rejected_total",
+            &["listener=\"inbound\"", "reason=\"handshake-evicted\""]
+        )
+        .await,
+        1.0
+    );
+    // A real peer, with the pending set full of silent connections, gets through.
+    let r = get_h1(out, SVC, "/real").await;
+    assert_app_ok(&r, 8080, "a real peer behind a full pending set");
+}
+
+/// The abuse case: 600 silent connections flood a server pod's :15008 (pending cap 64, about
+/// 500 new connections a second) while a real client keeps calling through its own proxy,
+/// every request a new mTLS handshake. The flood is cut down to the cap, the real
+/// client's requests all succeed with bounded latency, and the server proxy's memory stays
+/// bounded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_silent_connections_cannot_lock_out_real_peers() {
+    let net = Net::fresh();
+    let (client_pod, p1) = (net.pod(0), net.pod(1));
+    let certs = certs();
+    let _app = HttpApp::auto(p1.app(8080)).await;
+    let server = server_proxy_with(&certs, p1, "limits:\n  max_pending_handshakes: 64\n").await;
+    let cat = catalog(&[service(
+        "payments",
+        &certs.spiffe_id(PAYMENTS),
+        "    max_requests_per_connection: 1\n",
+        &[endpoint(p1.proxy_ip(), &[8080])],
+    )]);
+    let _client = client_proxy(&certs, client_pod, &cat, "").await;
+    let out = client_pod.outbound();
+    let inbound = p1.inbound();
+    let rss_before = rss_kib(server.pid().unwrap());
+
+    // The real client: every request a new upstream handshake, so each must pass the flood.
+    let caller = tokio::spawn(async move {
+        let mut latencies = Vec::new();
+        for i in 0..60 {
+            let t = Instant::now();
+            let r = get_h1(out, SVC, &format!("/during-{i}")).await;
+            assert_app_ok(&r, 8080, "a real request during the flood");
+            latencies.push(t.elapsed());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        latencies
+    });
+    let t = Instant::now();
+    let mut flood = Vec::new();
+    // About 500 new connections a second: at that rate a real handshake (milliseconds) is
+    // never the oldest of 64.
+    for _ in 0..600 {
+        if let Ok(s) = TcpStream::connect(inbound).await {
+            flood.push(s);
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let mut latencies = caller.await.unwrap();
+    latencies.sort();
+    let p99 = latencies[latencies.len() * 99 / 100 - 1];
+    // Once the proxy has accepted the whole flood, all but the newest 64 were evicted.
+    let evicted = wait_metric(
+        &server,
+        "aether_connections_rejected_total",
+        &["reason=\"handshake-evicted\""],
+        (flood.len() - 64) as f64,
+        Duration::from_secs(10),
+    )
+    .await;
+    let cut_off = t.elapsed();
+    let mut open = 0;
+    for s in flood.iter_mut() {
+        if !closed_within(s, Duration::from_millis(20)).await {
+            open += 1;
+        }
+    }
+    let rss_after = rss_kib(server.pid().unwrap());
+    eprintln!(
+        "silent flood: {} connections, {evicted} evicted, {open} still open (cap 64), real p99 \
+         {p99:?}, server RSS {rss_before} -> {rss_after} KiB, flood cut down after {cut_off:?}",
+        flood.len()
+    );
+    assert!(open <= 64, "{open} silent connections still open");
+    assert!(p99 < Duration::from_millis(500), "real client p99 {p99:?}");
+    assert!(
+        rss_after < rss_before + 32 * 1024,
+        "RSS grew from {rss_before} to {rss_after} KiB"
+    );
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmRSS in /proc/<pid>/status")
+}
