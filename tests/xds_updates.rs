@@ -216,7 +216,7 @@ async fn invalid_clusters_are_nacked_and_the_last_good_one_stays() {
         cp.clear_invalid(name);
         cp.wait_acked(&[name], IO_TIMEOUT).await;
     }
-    assert_eq!(a9090.seen().len(), 21);
+    assert_eq!(a9090.seen().len(), 26);
     assert_eq!(
         a8080.seen().len(),
         0,
