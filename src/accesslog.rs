@@ -155,20 +155,27 @@ pub fn finish_with<G: Send + Sync + 'static>(
     })
 }
 
+/// Most bytes of lines waiting for stdout; past it, lines are dropped (and counted). 1 MiB holds
+/// a few thousand lines, far more than 50 ms of traffic when stdout keeps up.
+pub const MAX_BUFFERED: usize = 1 << 20;
+
 pub fn log(entry: &Entry<'_>) {
+    let mut line = Vec::with_capacity(512);
+    if serde_json::to_writer(&mut line, entry).is_err() {
+        return;
+    }
+    line.push(b'\n');
     let mut buf = buffer().lock().unwrap_or_else(|e| e.into_inner());
-    if serde_json::to_writer(&mut *buf, entry).is_ok() {
-        buf.push(b'\n');
-    }
-    // Bound the buffer if stdout is slow: better a late flush here than unbounded memory.
-    if buf.len() > 1 << 20 {
-        let data = std::mem::take(&mut *buf);
+    if buf.len() + line.len() > MAX_BUFFERED {
         drop(buf);
-        let _ = std::io::stdout().lock().write_all(&data);
+        metrics::get().access_log_dropped.inc();
+        return;
     }
+    buf.extend_from_slice(&line);
 }
 
-/// Writes out buffered lines; called periodically and before exit.
+/// Writes out buffered lines; called periodically by the flush thread. Only that thread (and
+/// [`flush_at_exit`]) ever waits on stdout; the buffer lock is not held while writing.
 pub fn flush() {
     let data = {
         let mut buf = buffer().lock().unwrap_or_else(|e| e.into_inner());
@@ -180,4 +187,19 @@ pub fn flush() {
     let mut out = std::io::stdout().lock();
     let _ = out.write_all(&data);
     let _ = out.flush();
+}
+
+/// The last flush before exit, waiting at most `limit`: a stuck stdout must not keep a
+/// drained proxy from exiting.
+pub fn flush_at_exit(limit: Duration) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("access-log-exit".into())
+        .spawn(move || {
+            flush();
+            let _ = tx.send(());
+        });
+    if spawned.is_ok() {
+        let _ = rx.recv_timeout(limit);
+    }
 }

@@ -47,6 +47,21 @@ fn reply(
     r
 }
 
+/// SPEC section 12: an admin POST with an `Origin` header (a browser, maybe a page tricking
+/// one) or with a body (no admin POST takes one; an app's SSRF often carries one) is refused,
+/// so neither can drain the pod or change its logging. The body is judged from the head alone
+/// (a length above zero or chunked framing), so a refusal never waits for body bytes.
+fn refuse_post(req: &Request<Incoming>) -> Option<&'static str> {
+    use hyper::body::Body;
+    if req.headers().contains_key(http::header::ORIGIN) {
+        return Some("origin");
+    }
+    if !req.body().is_end_stream() {
+        return Some("body");
+    }
+    None
+}
+
 fn json(status: StatusCode, v: serde_json::Value) -> Response<Full<Bytes>> {
     let mut body = serde_json::to_vec(&v).unwrap_or_default();
     body.push(b'\n');
@@ -81,6 +96,21 @@ impl Admin {
     }
 
     async fn handle(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        if req.method() == Method::POST {
+            if let Some(reason) = refuse_post(&req) {
+                crate::metrics::get()
+                    .admin_refused
+                    .get_or_create(&crate::metrics::ReasonLabels { reason })
+                    .inc();
+                let text = match reason {
+                    "origin" => {
+                        "admin POST refused: requests with an Origin header come from a browser\n"
+                    }
+                    _ => "admin POST refused: admin POSTs carry no body\n",
+                };
+                return reply(StatusCode::FORBIDDEN, "text/plain", text);
+            }
+        }
         let path = req.uri().path();
         match (req.method(), path) {
             (&Method::GET, "/health" | "/healthz") => reply(StatusCode::OK, "text/plain", "ok\n"),

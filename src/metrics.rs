@@ -90,6 +90,21 @@ pub struct Metrics {
     pub xds_updates: Family<XdsUpdateLabels, Counter>,
     pub overflows: Family<OverflowLabels, Counter>,
     pub connections_rejected: Family<RejectedLabels, Counter>,
+    /// Request headers dropped for an underscore in their name, per side.
+    pub headers_dropped: Family<DirectionLabels, Counter>,
+    /// Peer certificates refused for their SAN shape or identity, per listener.
+    pub identity_refused: Family<ListenerLabels, Counter>,
+    /// Access-log lines dropped because the buffer was full (stdout not keeping up).
+    pub access_log_dropped: Counter,
+    /// TLS sessions the client side keeps for resumption, across its client identities.
+    pub tls_client_sessions: Gauge,
+    /// Admin requests refused (`origin`, `body`).
+    pub admin_refused: Family<ReasonLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
 }
 
 fn duration_histogram() -> Histogram {
@@ -123,6 +138,36 @@ impl Metrics {
             "aether_connections_rejected",
             "Downstream connections closed by a listener cap",
             connections_rejected.clone(),
+        );
+        let headers_dropped = Family::<DirectionLabels, Counter>::default();
+        let identity_refused = Family::<ListenerLabels, Counter>::default();
+        let access_log_dropped = Counter::default();
+        let tls_client_sessions = Gauge::default();
+        let admin_refused = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "aether_request_headers_dropped",
+            "Request headers dropped for an underscore in their name",
+            headers_dropped.clone(),
+        );
+        registry.register(
+            "aether_peer_identity_refused",
+            "Peer certificates refused for their SAN shape or identity",
+            identity_refused.clone(),
+        );
+        registry.register(
+            "aether_access_log_dropped",
+            "Access-log lines dropped because the output did not keep up",
+            access_log_dropped.clone(),
+        );
+        registry.register(
+            "aether_tls_client_sessions",
+            "TLS sessions kept for resuming upstream connections",
+            tls_client_sessions.clone(),
+        );
+        registry.register(
+            "aether_admin_requests_refused",
+            "Admin POST requests refused (an Origin header or a body)",
+            admin_refused.clone(),
         );
         registry.register(
             "aether_xds_connected",
@@ -184,6 +229,13 @@ impl Metrics {
         });
         for direction in [Direction::inbound, Direction::outbound] {
             let _ = duration.get_or_create(&DirectionLabels { direction });
+            let _ = headers_dropped.get_or_create(&DirectionLabels { direction });
+        }
+        for listener in ["inbound", "outbound"] {
+            let _ = identity_refused.get_or_create(&ListenerLabels { listener });
+        }
+        for reason in ["origin", "body"] {
+            let _ = admin_refused.get_or_create(&ReasonLabels { reason });
         }
         for result in ["ok", "error"] {
             let _ = catalog_reloads.get_or_create(&ResultLabels { result });
@@ -202,6 +254,11 @@ impl Metrics {
             xds_updates,
             overflows,
             connections_rejected,
+            headers_dropped,
+            identity_refused,
+            access_log_dropped,
+            tls_client_sessions,
+            admin_refused,
         }
     }
 
@@ -232,6 +289,12 @@ impl Metrics {
         let mut out = String::new();
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+
+    pub fn identity_refused(&self, listener: &'static str) {
+        self.identity_refused
+            .get_or_create(&ListenerLabels { listener })
+            .inc();
     }
 
     pub fn handshake(&self, listener: &'static str, ok: bool) {

@@ -58,6 +58,15 @@ pub fn check(path: &Path) -> ExitCode {
                 path.display(),
                 cfg.inbound.ports.len(),
             );
+            if !cfg.admin.listen.ip().is_loopback() {
+                // SPEC section 12: allowed, but worth a second look.
+                eprintln!(
+                    "warning: {}: admin.listen {} is not a loopback address; anyone who can reach \
+                     it can read config and metrics and drain the proxy",
+                    path.display(),
+                    cfg.admin.listen
+                );
+            }
             ExitCode::SUCCESS
         }
         Err(errors) => {
@@ -144,7 +153,7 @@ pub fn main(path: &Path, concurrency: Option<usize>) -> ExitCode {
         }
     };
     let code = rt.block_on(serve(Arc::new(cfg), catalog, set_log_filter));
-    crate::accesslog::flush();
+    crate::accesslog::flush_at_exit(std::time::Duration::from_secs(1));
     // Connections still open past drain.timeout are abandoned, not waited for.
     rt.shutdown_timeout(std::time::Duration::from_millis(100));
     code

@@ -73,9 +73,9 @@ async fn wait_endpoints(
 // NACK
 // ---------------------------------------------------------------------------------------------
 
-/// Invalid Clusters (SNI not a port, no URI SAN matcher, a zero or negative connect timeout)
-/// are NACKed with a message naming the resource and the field; the last good Cluster keeps
-/// serving; `/config_dump` shows the NACK and the good version; the nack counter grows.
+/// Invalid Clusters (SNI not a port, no URI SAN matcher, a zero, negative or too long connect
+/// timeout) are NACKed with a message naming the resource and the field; the last good Cluster
+/// keeps serving; `/config_dump` shows the NACK and the good version; the nack counter grows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_clusters_are_nacked_and_the_last_good_one_stays() {
     let net = Net::fresh();
@@ -141,6 +141,13 @@ async fn invalid_clusters_are_nacked_and_the_last_good_one_stays() {
         nanos: 0,
     });
 
+    // SPEC section 8: durations are bounded (connect_timeout at most 5 min).
+    let mut too_long = base.clone();
+    too_long.connect_timeout = Some(PbDuration {
+        seconds: 600,
+        nanos: 0,
+    });
+
     let cases: Vec<(&str, _, &[&str])> = vec![
         (
             "SNI \"abc\"",
@@ -153,6 +160,11 @@ async fn invalid_clusters_are_nacked_and_the_last_good_one_stays() {
             "negative connect_timeout",
             negative,
             &["connect_timeout"][..],
+        ),
+        (
+            "connect_timeout over its bound",
+            too_long,
+            &["connect_timeout", "over the limit"][..],
         ),
     ];
     for (what, bad, words) in cases {
@@ -204,7 +216,7 @@ async fn invalid_clusters_are_nacked_and_the_last_good_one_stays() {
         cp.clear_invalid(name);
         cp.wait_acked(&[name], IO_TIMEOUT).await;
     }
-    assert_eq!(a9090.seen().len(), 21);
+    assert_eq!(a9090.seen().len(), 26);
     assert_eq!(
         a8080.seen().len(),
         0,

@@ -12,7 +12,7 @@ use serde::Deserialize;
 use super::model::{
     Breakers, Catalog, Endpoint, HeaderMatch, Labels, Outlier, PortProtocol, Route, RouteTarget,
     Service, Usage, WeightedSubset, DEFAULT_CONNECT_TIMEOUT, DEFAULT_INBOUND_PORT,
-    DEFAULT_REQUEST_TIMEOUT,
+    DEFAULT_REQUEST_TIMEOUT, MAX_CONNECT_TIMEOUT, MAX_REQUEST_TIMEOUT,
 };
 use super::store::CatalogStore;
 use crate::config::{duration, Locality};
@@ -243,6 +243,25 @@ fn service(
             priority: None,
         });
     }
+    // Weights are shares of one sum; it must fit the u32 the balancer and xDS use.
+    if endpoints
+        .iter()
+        .try_fold(0u32, |t, e| t.checked_add(e.weight))
+        .is_none()
+    {
+        err(
+            ".endpoints".into(),
+            format!("endpoint weights add up to more than {}", u32::MAX),
+        );
+    }
+    for (field, d, max) in [
+        (".connect_timeout", raw.connect_timeout, MAX_CONNECT_TIMEOUT),
+        (".request_timeout", raw.request_timeout, MAX_REQUEST_TIMEOUT),
+    ] {
+        if let Some(Err(reason)) = d.map(|d| super::model::at_most(d, max)) {
+            err(field.into(), reason);
+        }
+    }
     let ports: BTreeSet<u16> = endpoints
         .iter()
         .flat_map(|e| e.ports.iter().copied())
@@ -295,6 +314,18 @@ fn route(i: usize, r: RawRoute, err: &mut impl FnMut(String, String)) -> Option<
         (Some(subset), true) => RouteTarget::Subset(subset),
         (None, false) if r.split.iter().all(|w| w.weight == 0) => {
             err(format!(".routes[{i}].split"), "weights add up to 0".into());
+            return None;
+        }
+        (None, false)
+            if r.split
+                .iter()
+                .try_fold(0u32, |t, w| t.checked_add(w.weight))
+                .is_none() =>
+        {
+            err(
+                format!(".routes[{i}].split"),
+                format!("weights add up to more than {}", u32::MAX),
+            );
             return None;
         }
         (None, false) => RouteTarget::Split(

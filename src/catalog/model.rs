@@ -18,6 +18,27 @@ pub const DEFAULT_INBOUND_PORT: u16 = 15008;
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// Upper bounds on durations from the catalog and the control plane (SPEC section 8: input is
+/// validated before use). A connect that takes minutes is a dead endpoint; a request timeout
+/// past the 1 h idle timers means none; an ejection past 1 h is a removal the catalog should
+/// make. Bounded values also keep every deadline computation far from overflow.
+pub const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+pub const MAX_REQUEST_TIMEOUT: Duration = Duration::from_secs(60 * 60);
+pub const MAX_EJECTION_TIME: Duration = Duration::from_secs(60 * 60);
+
+/// `Err(reason)` when `d` is over `max`.
+pub fn at_most(d: Duration, max: Duration) -> Result<Duration, String> {
+    if d > max {
+        Err(format!(
+            "{} is over the limit of {}",
+            humantime::format_duration(d),
+            humantime::format_duration(max)
+        ))
+    } else {
+        Ok(d)
+    }
+}
+
 pub type Labels = BTreeMap<String, String>;
 
 /// How the client proxy treats a port: HTTP (ALPN decides h1/h2) or a raw TCP tunnel.

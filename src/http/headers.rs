@@ -19,15 +19,17 @@ pub fn too_large(h: &HeaderMap) -> bool {
 }
 
 /// Removes connection-specific headers, which must not cross a proxy (RFC 9110 7.6.1) and
-/// are illegal in HTTP/2.
+/// are illegal in HTTP/2. Headers a `Connection` header names go too, except the ones this
+/// proxy answers for (SPEC section 8): `x-request-id` keeps the value the request carried, and
+/// XFCC is set by the inbound side after this removal, so a peer cannot make it vanish.
 pub fn strip_hop_by_hop(h: &mut HeaderMap) {
-    // Headers named by `Connection` are hop-by-hop too.
     let named: Vec<HeaderName> = h
         .get_all(http::header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .filter(|n| *n != X_REQUEST_ID && *n != XFCC)
         .collect();
     for n in named {
         h.remove(n);
@@ -42,12 +44,44 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap) {
     ] {
         h.remove(n);
     }
-    // `TE: trailers` is the one TE value HTTP/2 allows, and gRPC needs it.
-    if let Some(te) = h.get(http::header::TE) {
-        if te.as_bytes().eq_ignore_ascii_case(b"trailers") {
-            return;
-        }
+    // `TE: trailers` is the one TE value HTTP/2 allows, and gRPC needs it. Any other value, in
+    // any of the `te` headers, removes them all (a list like `trailers, gzip` is not kept).
+    let te_only_trailers = h
+        .get_all(http::header::TE)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .all(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"));
+    if !te_only_trailers {
         h.remove(http::header::TE);
+    }
+}
+
+/// Drops request headers whose names contain `_` (Envoy's `headers_with_underscores_action:
+/// DROP_HEADER`): a name like `x_forwarded_client_cert` may be read as its dashed twin by an
+/// app's framework (CGI-style mapping), so it never reaches one. Returns how many were dropped.
+pub fn drop_underscored(h: &mut HeaderMap) -> usize {
+    let names: Vec<HeaderName> = h
+        .keys()
+        .filter(|n| n.as_str().contains('_'))
+        .cloned()
+        .collect();
+    let mut dropped = 0;
+    for n in names {
+        if let http::header::Entry::Occupied(e) = h.entry(n) {
+            dropped += e.remove_entry_mult().1.count();
+        }
+    }
+    dropped
+}
+
+/// [`drop_underscored`], counted in `aether_request_headers_dropped_total{direction}`.
+pub fn drop_underscored_counted(h: &mut HeaderMap, direction: crate::metrics::Direction) {
+    let n = drop_underscored(h);
+    if n > 0 {
+        crate::metrics::get()
+            .headers_dropped
+            .get_or_create(&crate::metrics::DirectionLabels { direction })
+            .inc_by(n as u64);
     }
 }
 
@@ -63,10 +97,34 @@ pub fn ensure_request_id(h: &mut HeaderMap) -> HeaderValue {
     v
 }
 
-/// `By=<own id>;Hash=<hex sha256 of the peer leaf>;URI=<peer id>`.
+/// `By=<own id>;Hash=<hex sha256 of the peer leaf>;URI=<peer id>`, each value quoted when it
+/// holds a character XFCC uses as syntax (`;`, `,`, `=`, `"`), as Envoy does. Strict SPIFFE ids
+/// never need it; the quoting keeps the header unambiguous whatever reaches it.
 pub fn xfcc_value(own_id: &str, peer_hash: &str, peer_id: &str) -> HeaderValue {
-    HeaderValue::from_str(&format!("By={own_id};Hash={peer_hash};URI={peer_id}"))
-        .unwrap_or_else(|_| HeaderValue::from_static(""))
+    let v = format!(
+        "By={};Hash={};URI={}",
+        xfcc_quote(own_id),
+        xfcc_quote(peer_hash),
+        xfcc_quote(peer_id)
+    );
+    HeaderValue::from_str(&v).unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
+/// One XFCC value, quoted (with `"` and `\` escaped) when it holds `;`, `,`, `=` or `"`.
+pub fn xfcc_quote(v: &str) -> std::borrow::Cow<'_, str> {
+    if !v.contains([';', ',', '=', '"']) {
+        return v.into();
+    }
+    let mut q = String::with_capacity(v.len() + 2);
+    q.push('"');
+    for c in v.chars() {
+        if c == '"' || c == '\\' {
+            q.push('\\');
+        }
+        q.push(c);
+    }
+    q.push('"');
+    q.into()
 }
 
 /// Points a request at its next hop. For HTTP/2 the URI becomes absolute with `authority`
@@ -126,6 +184,58 @@ mod tests {
         h.insert("te", HeaderValue::from_static("trailers"));
         strip_hop_by_hop(&mut h);
         assert_eq!(h.get("te").unwrap(), "trailers");
+        // Every value of every `te` header must be `trailers`.
+        for bad in [&["trailers, gzip"][..], &["trailers", "deflate"], &["gzip"]] {
+            let mut h = HeaderMap::new();
+            for v in bad {
+                h.append("te", HeaderValue::from_static(v));
+            }
+            strip_hop_by_hop(&mut h);
+            assert!(!h.contains_key("te"), "{bad:?}");
+        }
+        let mut h = HeaderMap::new();
+        h.append("te", HeaderValue::from_static("Trailers"));
+        h.append("te", HeaderValue::from_static("trailers ,trailers"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.get_all("te").iter().count(), 2);
+    }
+
+    #[test]
+    fn connection_cannot_name_away_the_request_id_or_xfcc() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "connection",
+            HeaderValue::from_static("x-request-id, X-Forwarded-Client-Cert, x-other"),
+        );
+        h.insert(X_REQUEST_ID, HeaderValue::from_static("id-1"));
+        h.insert(XFCC, HeaderValue::from_static("By=a"));
+        h.insert("x-other", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.get(X_REQUEST_ID).unwrap(), "id-1");
+        assert!(h.contains_key(XFCC));
+        assert!(!h.contains_key("x-other"));
+    }
+
+    #[test]
+    fn underscored_names_are_dropped() {
+        let mut h = HeaderMap::new();
+        h.append("x_forwarded_client_cert", HeaderValue::from_static("a"));
+        h.append("x_forwarded_client_cert", HeaderValue::from_static("b"));
+        h.append("x-dashed", HeaderValue::from_static("c"));
+        assert_eq!(drop_underscored(&mut h), 2);
+        assert_eq!(h.len(), 1);
+    }
+
+    #[test]
+    fn xfcc_values_are_quoted_when_they_hold_syntax() {
+        assert_eq!(
+            xfcc_value("spiffe://td/a", "00ff", "spiffe://td/b"),
+            "By=spiffe://td/a;Hash=00ff;URI=spiffe://td/b"
+        );
+        assert_eq!(
+            xfcc_value("spiffe://td/a", "00", "spiffe://td/b;URI=x,\"y\"="),
+            "By=spiffe://td/a;Hash=00;URI=\"spiffe://td/b;URI=x,\\\"y\\\"=\""
+        );
     }
 
     #[test]

@@ -1,11 +1,30 @@
 //! SPIFFE URI SANs: reading them out of a certificate and checking them.
+//!
+//! A leaf is an identity only when it carries exactly one URI SAN and that URI is a strict
+//! SPIFFE id (SPEC section 8, the X509-SVID rule). Any other URI, or a second one, refuses the
+//! leaf on both sides: the inbound verify callback and the outbound pin use the same reading.
 
 use x509_parser::extensions::GeneralName;
 
 use super::spiffe::SpiffeId;
 
-/// Every URI SAN of `der` that is a SPIFFE id (`spiffe://...`), in certificate order.
-pub fn spiffe_ids(der: &[u8]) -> Vec<String> {
+/// Why a leaf is not one workload's identity.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LeafIdError {
+    #[error("not a readable X.509 certificate")]
+    Unreadable,
+    #[error("no URI SAN")]
+    NoUri,
+    #[error("{0} URI SANs (one SPIFFE id expected): {1:?}")]
+    SeveralUris(usize, Vec<String>),
+    #[error("URI SAN {0:?} is not a SPIFFE id: {1}")]
+    NotSpiffe(String, super::spiffe::SpiffeIdError),
+    #[error("{id} is outside the trust domain {trust_domain:?}")]
+    OtherTrustDomain { id: SpiffeId, trust_domain: String },
+}
+
+/// Every URI SAN of `der`, in certificate order (for error messages).
+pub fn uri_sans(der: &[u8]) -> Vec<String> {
     let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else {
         return Vec::new();
     };
@@ -16,25 +35,49 @@ pub fn spiffe_ids(der: &[u8]) -> Vec<String> {
         .general_names
         .iter()
         .filter_map(|n| match n {
-            GeneralName::URI(u) if u.starts_with("spiffe://") => Some(u.to_string()),
+            GeneralName::URI(u) => Some(u.to_string()),
             _ => None,
         })
         .collect()
 }
 
-/// The certificate's SPIFFE id inside `trust_domain`, if it carries exactly one such id.
-pub fn spiffe_id_in(der: &[u8], trust_domain: &str) -> Option<SpiffeId> {
-    let mut ids = spiffe_ids(der)
-        .into_iter()
-        .filter_map(|id| SpiffeId::parse_in(&id, trust_domain).ok());
-    let id = ids.next()?;
-    // Two ids in one leaf would make "who is this peer" ambiguous; refuse such certificates.
-    ids.next().is_none().then_some(id)
+/// The one SPIFFE id a leaf proves: exactly one URI SAN, strictly shaped. DNS and other SAN
+/// kinds may sit beside it (the X509-SVID rule allows them); they identify nothing here.
+pub fn leaf_id(der: &[u8]) -> Result<SpiffeId, LeafIdError> {
+    if x509_parser::parse_x509_certificate(der).is_err() {
+        return Err(LeafIdError::Unreadable);
+    }
+    let mut uris = uri_sans(der);
+    match uris.len() {
+        0 => Err(LeafIdError::NoUri),
+        1 => {
+            let uri = uris.remove(0);
+            SpiffeId::parse(&uri).map_err(|e| LeafIdError::NotSpiffe(uri, e))
+        }
+        n => Err(LeafIdError::SeveralUris(n, uris)),
+    }
 }
 
-/// True when the certificate carries `expected` as a URI SAN: the identity pin.
-pub fn has_uri_san(der: &[u8], expected: &SpiffeId) -> bool {
-    spiffe_ids(der).iter().any(|id| expected == id.as_str())
+/// [`leaf_id`], inside `trust_domain`.
+pub fn leaf_id_in(der: &[u8], trust_domain: &str) -> Result<SpiffeId, LeafIdError> {
+    let id = leaf_id(der)?;
+    if id.trust_domain() != trust_domain {
+        return Err(LeafIdError::OtherTrustDomain {
+            id,
+            trust_domain: trust_domain.to_string(),
+        });
+    }
+    Ok(id)
+}
+
+/// The certificate's SPIFFE id inside `trust_domain`, when the leaf is one identity.
+pub fn spiffe_id_in(der: &[u8], trust_domain: &str) -> Option<SpiffeId> {
+    leaf_id_in(der, trust_domain).ok()
+}
+
+/// The identity pin: the leaf proves exactly one SPIFFE id, and it is `expected`.
+pub fn is_pinned(der: &[u8], expected: &SpiffeId) -> bool {
+    leaf_id(der).is_ok_and(|id| id == *expected)
 }
 
 /// Lower-case hex SHA-256 of a DER certificate (the `Hash=` of x-forwarded-client-cert).

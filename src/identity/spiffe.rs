@@ -11,6 +11,12 @@ pub enum SpiffeIdError {
     NotSpiffe(String),
     #[error("{0:?} has no workload path")]
     NoPath(String),
+    #[error("{0:?}: a trust domain is [a-z0-9._-]+")]
+    BadTrustDomain(String),
+    #[error("{0:?}: path segments are non-empty [A-Za-z0-9._-], never `.` or `..`")]
+    BadPath(String),
+    #[error("a SPIFFE id is at most {MAX_LEN} bytes")]
+    TooLong,
     #[error("{id:?} is outside the trust domain {trust_domain:?}")]
     OtherTrustDomain { id: String, trust_domain: String },
 }
@@ -21,9 +27,18 @@ pub struct SpiffeId(Arc<str>);
 
 const SCHEME: &str = "spiffe://";
 
+/// The SPIFFE standard's limit on an id's length.
+pub const MAX_LEN: usize = 2048;
+
 impl SpiffeId {
-    /// Checks the shape: the scheme, a trust domain and a non-empty path.
+    /// Checks the shape strictly (SPEC section 8, the SPIFFE standard): the scheme, a trust
+    /// domain of `[a-z0-9._-]`, and a non-empty path whose segments are `[A-Za-z0-9._-]` (not
+    /// `.` or `..`). Nothing else gets in, so an id can be written into XFCC, logs and labels
+    /// without escaping.
     pub fn parse(s: &str) -> Result<SpiffeId, SpiffeIdError> {
+        if s.len() > MAX_LEN {
+            return Err(SpiffeIdError::TooLong);
+        }
         let Some(rest) = s.strip_prefix(SCHEME) else {
             return Err(SpiffeIdError::NotSpiffe(s.to_string()));
         };
@@ -31,8 +46,23 @@ impl SpiffeId {
         if td.is_empty() {
             return Err(SpiffeIdError::NotSpiffe(s.to_string()));
         }
+        let td_ok = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b);
+        if !td.bytes().all(td_ok) {
+            return Err(SpiffeIdError::BadTrustDomain(s.to_string()));
+        }
         if path.is_empty() {
             return Err(SpiffeIdError::NoPath(s.to_string()));
+        }
+        let seg_ok = |seg: &str| {
+            !seg.is_empty()
+                && seg != "."
+                && seg != ".."
+                && seg
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        };
+        if !path.split('/').all(seg_ok) {
+            return Err(SpiffeIdError::BadPath(s.to_string()));
         }
         Ok(SpiffeId(s.into()))
     }
@@ -128,6 +158,37 @@ mod tests {
             SpiffeId::parse("spiffe://aether.local"),
             Err(SpiffeIdError::NoPath(_))
         ));
+        for bad in [
+            "spiffe://aether.local/ns/a;b/sa/c",
+            "spiffe://aether.local/ns/a,b",
+            "spiffe://aether.local/ns/a=b",
+            "spiffe://aether.local/ns/\"a\"",
+            "spiffe://aether.local/ns/a%2Fb",
+            "spiffe://aether.local/ns//sa",
+            "spiffe://aether.local/ns/a/",
+            "spiffe://aether.local/ns/../sa",
+            "spiffe://aether.local/ns/a b",
+            "spiffe://aether.local/ns/a?b",
+            "spiffe://aether.local/ns/a#b",
+        ] {
+            assert!(
+                matches!(SpiffeId::parse(bad), Err(SpiffeIdError::BadPath(_))),
+                "{bad}"
+            );
+        }
+        for bad in [
+            "spiffe://Aether.local/a",
+            "spiffe://user@td/a",
+            "spiffe://td:8/a",
+        ] {
+            assert!(
+                matches!(SpiffeId::parse(bad), Err(SpiffeIdError::BadTrustDomain(_))),
+                "{bad}"
+            );
+        }
+        let long = format!("spiffe://td/{}", "a".repeat(MAX_LEN));
+        assert_eq!(SpiffeId::parse(&long), Err(SpiffeIdError::TooLong));
+        assert!(SpiffeId::parse("spiffe://aether.local/A.b_c-9/x").is_ok());
         let e = SpiffeId::parse_in("spiffe://other/ns/a/sa/b", "aether.local").unwrap_err();
         assert!(e.to_string().contains("outside the trust domain"), "{e}");
     }

@@ -119,6 +119,11 @@ impl Contexts {
         self.acceptors.get(&port)
     }
 
+    /// Every client context: the workload's own, then the per-source ones.
+    pub fn clients(&self) -> impl Iterator<Item = &tls::Client> {
+        std::iter::once(&self.connector).chain(self.source_connectors.values())
+    }
+
     /// The client context for an app connection from `source` (`None`: the workload's own).
     pub fn connector_for(&self, source: Option<IpAddr>) -> &tls::Client {
         source

@@ -79,9 +79,17 @@ pub fn acceptor(
             if ctx.error_depth() != 0 {
                 return true;
             }
-            match ctx.current_cert().and_then(|c| c.to_der().ok()) {
-                Some(der) => san::spiffe_id_in(&der, &td).is_some(),
-                None => false,
+            let Some(der) = ctx.current_cert().and_then(|c| c.to_der().ok()) else {
+                return false;
+            };
+            match san::leaf_id_in(&der, &td) {
+                Ok(_) => true,
+                Err(e) => {
+                    // Refused at the handshake, so no request ever carries an empty XFCC.
+                    tracing::debug!("inbound: client certificate refused: {e}");
+                    crate::metrics::get().identity_refused("inbound");
+                    false
+                }
             }
         },
     );
@@ -127,29 +135,61 @@ pub type SessionKey = (SocketAddr, u16);
 
 /// The latest TLS session per endpoint and port of one client context, as Envoy keeps one
 /// (`max_session_keys: 1`): a resumed handshake skips certificate signing and verification on
-/// both sides. Sessions never outlive their context, so a rotated identity starts afresh.
+/// both sides. Sessions never outlive their context, so a rotated identity starts afresh, and
+/// the outbound side drops those of endpoints that left the catalog ([`Sessions::retain`]), so
+/// the cache stays as large as the mesh, not as large as its history. The process-wide count
+/// is `aether_tls_client_sessions`.
 #[derive(Default)]
 pub struct Sessions(Mutex<HashMap<SessionKey, SslSession>>);
 
 impl Sessions {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<SessionKey, SslSession>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     pub fn get(&self, key: &SessionKey) -> Option<SslSession> {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(key)
-            .cloned()
+        self.map().get(key).cloned()
     }
 
     fn put(&self, key: SessionKey, session: SslSession) {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key, session);
+        if self.map().insert(key, session).is_none() {
+            crate::metrics::get().tls_client_sessions.inc();
+        }
     }
 
     /// Forgets a session the peer no longer takes (or that a failed connection used).
     pub fn forget(&self, key: &SessionKey) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
+        if self.map().remove(key).is_some() {
+            crate::metrics::get().tls_client_sessions.dec();
+        }
+    }
+
+    /// Keeps only the sessions `keep` accepts (the endpoints still in the catalog).
+    pub fn retain(&self, mut keep: impl FnMut(&SessionKey) -> bool) {
+        let mut map = self.map();
+        let before = map.len();
+        map.retain(|k, _| keep(k));
+        let gone = before - map.len();
+        if gone > 0 {
+            crate::metrics::get()
+                .tls_client_sessions
+                .dec_by(gone as i64);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.map().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Drop for Sessions {
+    fn drop(&mut self) {
+        let n = self.map().len();
+        crate::metrics::get().tls_client_sessions.dec_by(n as i64);
     }
 }
 
@@ -168,7 +208,7 @@ pub struct Client {
 
 /// The client context for one client identity. The peer chain is verified against the bundle
 /// during a full handshake; the caller pins the peer's SPIFFE id afterwards, on resumed
-/// connections too (`san::has_uri_san` on the session's peer certificate).
+/// connections too (`san::is_pinned` on the session's peer certificate).
 pub fn connector(id: &Identity) -> Result<Client, IdentityError> {
     let mut b = SslConnector::builder(SslMethod::tls()).map_err(IdentityError::tls("connector"))?;
     common(&mut b, id)?;

@@ -130,12 +130,13 @@ pub async fn connect(
             .peer_certificate()
             .and_then(|c| c.to_der().ok())
             .unwrap_or_default();
-        if !san::has_uri_san(&der, identity) {
+        if !san::is_pinned(&der, identity) {
             client.sessions.forget(&key);
+            metrics::get().identity_refused("outbound");
             return Err(ConnectError::Identity {
                 addr,
                 expected: identity.clone(),
-                got: san::spiffe_ids(&der),
+                got: san::uri_sans(&der),
             });
         }
         Ok(tls)

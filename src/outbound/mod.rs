@@ -111,7 +111,7 @@ impl Outbound {
 
     /// On each new catalog: pooled connections to endpoints (or ports) that left, or whose
     /// pinned identity changed, leave the pool; requests in flight on them keep them open
-    /// until they finish.
+    /// until they finish. TLS sessions for endpoints (or ports) that left are forgotten too.
     fn follow_catalog(self: &Arc<Self>) {
         let mut changed = self.catalog.subscribe();
         let this = Arc::downgrade(self);
@@ -123,6 +123,11 @@ impl Outbound {
                 this.upstream
                     .pool
                     .retain(|k| live.contains(&(k.endpoint, k.port, &k.identity)));
+                let places: std::collections::HashSet<(SocketAddr, u16)> =
+                    live.iter().map(|(addr, port, _)| (*addr, *port)).collect();
+                for client in this.upstream.identity.current().clients() {
+                    client.sessions.retain(|k| places.contains(k));
+                }
             }
         });
     }
@@ -161,6 +166,7 @@ impl Outbound {
     ) -> Response<RespBody> {
         // Limits apply to what the app sent, before this proxy adds or removes anything.
         let oversized = headers::too_large(req.headers());
+        headers::drop_underscored_counted(req.headers_mut(), Direction::outbound);
         // The app's own XFCC is never trusted.
         req.headers_mut().remove(headers::XFCC);
         let request_id = headers::ensure_request_id(req.headers_mut());

@@ -171,16 +171,17 @@ pub fn choose_subset<'s>(
             RouteTarget::Subset(subset) => return Some(subset),
             RouteTarget::Split(split) => split,
         };
-        let total: u32 = split.iter().map(|w| w.weight).sum();
+        // Validation keeps the sum within u32; summing in u64 keeps this total regardless.
+        let total: u64 = split.iter().map(|w| u64::from(w.weight)).sum();
         if total == 0 {
             continue;
         }
-        let mut pick = roll % total;
+        let mut pick = u64::from(roll) % total;
         for w in split {
-            if pick < w.weight {
+            if pick < u64::from(w.weight) {
                 return Some(&w.subset);
             }
-            pick -= w.weight;
+            pick -= u64::from(w.weight);
         }
     }
     None

@@ -19,6 +19,7 @@ use envoy_types::pb::envoy::r#type::matcher::v3::string_matcher::MatchPattern;
 use envoy_types::pb::google::protobuf::{self as pb, value::Kind};
 use prost::Message;
 
+use crate::catalog::model::{at_most, MAX_CONNECT_TIMEOUT, MAX_EJECTION_TIME, MAX_REQUEST_TIMEOUT};
 use crate::catalog::{Breakers, Labels, Outlier, PortProtocol, Route};
 use crate::config::Locality;
 use crate::identity::SpiffeId;
@@ -87,7 +88,8 @@ fn parse_port(p: &str) -> Option<u16> {
 }
 
 fn duration(d: &pb::Duration) -> Option<Duration> {
-    if d.seconds < 0 || d.nanos < 0 || (d.seconds == 0 && d.nanos == 0) {
+    // A protobuf Duration's nanos are 0..=999_999_999.
+    if d.seconds < 0 || !(0..1_000_000_000).contains(&d.nanos) || (d.seconds == 0 && d.nanos == 0) {
         return None;
     }
     Some(Duration::new(d.seconds as u64, d.nanos as u32))
@@ -136,7 +138,9 @@ pub fn cluster(
     let connect_timeout = match &c.connect_timeout {
         None => None,
         Some(d) => {
-            Some(duration(d).ok_or_else(|| k.err("connect_timeout", "must be greater than zero"))?)
+            let d =
+                duration(d).ok_or_else(|| k.err("connect_timeout", "must be greater than zero"))?;
+            Some(at_most(d, MAX_CONNECT_TIMEOUT).map_err(|e| k.err("connect_timeout", e))?)
         }
     };
     let mut outlier = Outlier::default();
@@ -148,12 +152,9 @@ pub fn cluster(
             outlier.consecutive = n.value;
         }
         if let Some(d) = &o.base_ejection_time {
-            outlier.base_ejection = duration(d).ok_or_else(|| {
-                k.err(
-                    "outlier_detection.base_ejection_time",
-                    "must be greater than zero",
-                )
-            })?;
+            let field = "outlier_detection.base_ejection_time";
+            let d = duration(d).ok_or_else(|| k.err(field, "must be greater than zero"))?;
+            outlier.base_ejection = at_most(d, MAX_EJECTION_TIME).map_err(|e| k.err(field, e))?;
         }
         if let Some(p) = &o.max_ejection_percent {
             if p.value > 100 {
@@ -209,6 +210,7 @@ pub fn cluster(
             };
             request_timeout = Some(
                 crate::config::duration::parse(s)
+                    .and_then(|d| at_most(d, MAX_REQUEST_TIMEOUT))
                     .map_err(|e| k.err(&field("request_timeout"), e))?,
             );
         }

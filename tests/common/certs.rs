@@ -51,6 +51,55 @@ impl Certs {
         }
     }
 
+    /// A new directory with this CA (copied) and no leaves yet; [`Certs::mint`] fills it.
+    pub fn same_ca(&self) -> Certs {
+        let dir = tempfile::Builder::new()
+            .prefix("aether-certs-")
+            .tempdir()
+            .expect("temp dir");
+        for f in ["ca.crt", "ca.key"] {
+            fs::copy(self.dir.path().join(f), dir.path().join(f)).expect("copy CA");
+        }
+        Certs {
+            dir,
+            trust_domain: self.trust_domain.clone(),
+        }
+    }
+
+    /// Writes `<stem>.crt` + `<stem>.key`: a leaf signed by this CA (rcgen, in the test) whose
+    /// SANs are exactly `uris` (URI SANs, any shape) and `dns` (DNS SANs), for certificates
+    /// `aether-proxy certs` would never make.
+    pub fn mint(&self, stem: &str, uris: &[&str], dns: &[&str]) {
+        use rcgen::{
+            CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
+            SanType, PKCS_ECDSA_P256_SHA256,
+        };
+        let ca_pem = fs::read_to_string(self.ca()).expect("read ca.crt");
+        let ca_key = fs::read_to_string(self.dir.path().join("ca.key")).expect("read ca.key");
+        let ca_key = KeyPair::from_pem(&ca_key).expect("CA key");
+        let issuer = Issuer::from_ca_cert_pem(&ca_pem, ca_key).expect("CA as issuer");
+        let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).expect("leaf key");
+        let mut params = CertificateParams::default();
+        let mut sans = Vec::new();
+        for u in uris {
+            sans.push(SanType::URI((*u).try_into().expect("IA5 URI")));
+        }
+        for d in dns {
+            sans.push(SanType::DnsName((*d).try_into().expect("IA5 DNS name")));
+        }
+        params.subject_alt_names = sans;
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        params.use_authority_key_identifier_extension = true;
+        let cert = params.signed_by(&key, &issuer).expect("sign the leaf");
+        fs::write(self.cert(stem), cert.pem()).expect("write leaf");
+        fs::write(self.key(stem), key.serialize_pem()).expect("write key");
+    }
+
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }

@@ -21,6 +21,9 @@ pub struct Proxy {
     dir: tempfile::TempDir,
     admin: SocketAddr,
     exit: Option<ExitStatus>,
+    /// The read end of a stdout pipe nobody reads ([`ProxyBuilder::stdout_stuck`]), held so
+    /// the proxy's writes block instead of failing.
+    _stuck_stdout: Option<std::io::PipeReader>,
 }
 
 /// Options for [`Proxy`]; [`Proxy::start`] is `Proxy::builder(..).start()`.
@@ -30,6 +33,7 @@ pub struct ProxyBuilder {
     env: Vec<(String, String)>,
     args: Vec<String>,
     wait_ready: bool,
+    stdout_stuck: bool,
 }
 
 impl ProxyBuilder {
@@ -41,6 +45,12 @@ impl ProxyBuilder {
     /// Extra arguments after `run --config <file>` (e.g. `--concurrency 1`).
     pub fn arg(mut self, a: &str) -> Self {
         self.args.push(a.into());
+        self
+    }
+    /// Stdout (the access log) goes to a pipe that nobody reads: once its kernel buffer is full,
+    /// every write blocks, like a stuck log collector.
+    pub fn stdout_stuck(mut self) -> Self {
+        self.stdout_stuck = true;
         self
     }
     /// Do not wait for `/readyz` 200 (readiness tests wait themselves).
@@ -91,7 +101,13 @@ impl ProxyBuilder {
         let config_path = dir.path().join("config.yaml");
         fs::write(&config_path, serde_yaml_ng::to_string(&cfg).unwrap()).expect("write config");
 
-        let stdout = fs::File::create(dir.path().join("stdout.log")).expect("stdout.log");
+        let (stdout, stuck): (Stdio, _) = if self.stdout_stuck {
+            let (r, w) = std::io::pipe().expect("pipe");
+            (w.into(), Some(r))
+        } else {
+            let f = fs::File::create(dir.path().join("stdout.log")).expect("stdout.log");
+            (f.into(), None)
+        };
         let stderr = fs::File::create(dir.path().join("stderr.log")).expect("stderr.log");
         let mut cmd = Command::new(BIN);
         cmd.arg("run")
@@ -112,6 +128,7 @@ impl ProxyBuilder {
             dir,
             admin,
             exit: None,
+            _stuck_stdout: stuck,
         };
         if self.wait_ready {
             proxy.wait_ready(READY_TIMEOUT).await;
@@ -136,6 +153,7 @@ impl Proxy {
             env: Vec::new(),
             args: Vec::new(),
             wait_ready: true,
+            stdout_stuck: false,
         }
     }
 

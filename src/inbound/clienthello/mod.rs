@@ -9,7 +9,7 @@ pub mod hello;
 pub mod record;
 
 pub use hello::{ClientHello, HelloError, MAX_CLIENT_HELLO};
-pub use record::{parse, read, ReadError, MAX_BUFFERED};
+pub use record::{parse, read, read_with, HelloReader, ReadError, MAX_BUFFERED};
 
 #[cfg(test)]
 mod tests;

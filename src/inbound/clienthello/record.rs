@@ -44,16 +44,7 @@ pub enum ReadError {
 /// The message may span several records; records must all be handshake records. Bytes after the
 /// ClientHello are ignored (they belong to the TLS stack).
 pub fn parse(buf: &[u8]) -> Result<Option<ClientHello>, HelloError> {
-    match locate(buf)? {
-        Located::Incomplete => Ok(None),
-        // The common case: the whole message sits in the first record; parse it in place.
-        Located::Contiguous(body) => parse_body(body).map(Some),
-        Located::Fragmented(body_len) => {
-            let mut msg = Vec::with_capacity(HANDSHAKE_HEADER + body_len);
-            gather(buf, &mut msg, HANDSHAKE_HEADER + body_len);
-            parse_body(msg.get(HANDSHAKE_HEADER..).unwrap_or_default()).map(Some)
-        }
-    }
+    HelloReader::default().feed(buf)
 }
 
 /// Reads from `io` into `buf` until [`parse`] finds a whole ClientHello, an error, EOF or the
@@ -68,23 +59,40 @@ pub async fn read<S>(
 where
     S: AsyncRead + Unpin,
 {
-    match tokio::time::timeout(timeout, read_until_hello(io, buf)).await {
+    read_with(io, buf, timeout, &mut HelloReader::default()).await
+}
+
+/// [`read`] with the caller's [`HelloReader`] (which tells how much work the read took).
+pub async fn read_with<S>(
+    io: &mut S,
+    buf: &mut BytesMut,
+    timeout: Duration,
+    reader: &mut HelloReader,
+) -> Result<ClientHello, ReadError>
+where
+    S: AsyncRead + Unpin,
+{
+    match tokio::time::timeout(timeout, read_until_hello(io, buf, reader)).await {
         Ok(res) => res,
         Err(_) => Err(ReadError::Timeout),
     }
 }
 
-async fn read_until_hello<S>(io: &mut S, buf: &mut BytesMut) -> Result<ClientHello, ReadError>
+async fn read_until_hello<S>(
+    io: &mut S,
+    buf: &mut BytesMut,
+    reader: &mut HelloReader,
+) -> Result<ClientHello, ReadError>
 where
     S: AsyncRead + Unpin,
 {
     // One read usually brings the whole hello; start with room for a typical one.
     const CHUNK: usize = 4096;
     loop {
-        if let Some(hello) = parse(buf)? {
+        if let Some(hello) = reader.feed(buf)? {
             return Ok(hello);
         }
-        // `parse` said "incomplete", which it only does while the bytes it still needs fit under
+        // `feed` said "incomplete", which it only does while the bytes it still needs fit under
         // MAX_BUFFERED, so `room` is positive; the check keeps that a local fact.
         let room = MAX_BUFFERED.saturating_sub(buf.len());
         if room == 0 {
@@ -100,89 +108,137 @@ where
     }
 }
 
-/// Where the ClientHello message is in the raw bytes.
-enum Located<'a> {
-    Incomplete,
-    /// The handshake body (after the 4-byte header), all inside the first record.
-    Contiguous(&'a [u8]),
-    /// The body has this length and crosses record boundaries: it must be gathered.
-    Fragmented(usize),
+/// The record walk, kept between reads so that every byte is looked at once however finely the
+/// hello is fragmented (a hello split into 1-byte records costs the same per byte as one in a
+/// single record; walking from the start on every read would be quadratic).
+///
+/// Each [`feed`](HelloReader::feed) must be given the bytes of the previous call plus any new
+/// ones (the growing read buffer).
+#[derive(Debug, Default)]
+pub struct HelloReader {
+    /// Start of the record being read.
+    pos: usize,
+    /// Whether that record's header was checked.
+    checked: bool,
+    /// Payload bytes of that record already taken.
+    taken: usize,
+    /// The handshake message so far, its 4-byte header included.
+    msg: Vec<u8>,
+    /// The message body's length, once its header is in.
+    body_len: Option<usize>,
+    /// Bytes looked at so far: record headers and payload bytes, each counted once.
+    examined: usize,
 }
 
-/// Walks the record headers, checking each, until the ClientHello message is complete.
-fn locate(buf: &[u8]) -> Result<Located<'_>, HelloError> {
-    check_first_bytes(buf)?;
-    let mut pos = 0;
-    // The 4-byte handshake header may itself be split across (tiny) records.
-    let mut header = [0u8; HANDSHAKE_HEADER];
-    let mut have = 0usize;
-    let mut msg_len: Option<usize> = None;
-    // Handshake-layer bytes available so far (payloads, record headers excluded).
-    let mut collected = 0usize;
-    loop {
-        let Some(rec) = buf.get(pos..pos + RECORD_HEADER) else {
-            return Ok(Located::Incomplete);
-        };
-        if rec[0] != CONTENT_HANDSHAKE {
-            return Err(HelloError::Malformed(
-                "non-handshake record inside the ClientHello",
-            ));
-        }
-        if !valid_record_version(rec[1], rec[2]) {
-            return Err(HelloError::Malformed("bad record version"));
-        }
-        let len = usize::from(u16::from_be_bytes([rec[3], rec[4]]));
-        if len > MAX_RECORD {
-            return Err(HelloError::TooLarge);
-        }
-        if len == 0 {
-            // RFC 8446 5.1: zero-length handshake fragments are forbidden.
-            return Err(HelloError::Malformed("empty handshake record"));
-        }
-        let start = pos + RECORD_HEADER;
-        let end = start + len;
-        if end > MAX_BUFFERED {
-            return Err(HelloError::TooLarge);
-        }
-        let payload = buf.get(start..end.min(buf.len())).unwrap_or_default();
-        collected += payload.len();
-
-        if msg_len.is_none() {
-            let take = (HANDSHAKE_HEADER - have).min(payload.len());
-            header[have..have + take].copy_from_slice(&payload[..take]);
-            have += take;
-            if have == HANDSHAKE_HEADER {
-                if header[0] != HANDSHAKE_CLIENT_HELLO {
-                    return Err(HelloError::Malformed(
-                        "first handshake message is not a ClientHello",
-                    ));
-                }
-                let body_len = usize::from(header[1]) << 16
-                    | usize::from(header[2]) << 8
-                    | usize::from(header[3]);
-                // Fail on the claim, before waiting for bytes we would refuse anyway.
-                if HANDSHAKE_HEADER + body_len > MAX_CLIENT_HELLO {
-                    return Err(HelloError::TooLarge);
-                }
-                msg_len = Some(body_len);
-            }
-        }
-        if let Some(body_len) = msg_len {
-            // Only the message's bytes count; a record may carry trailing bytes after it.
-            if collected >= HANDSHAKE_HEADER + body_len {
-                return Ok(if pos == 0 {
-                    let body = payload.get(HANDSHAKE_HEADER..HANDSHAKE_HEADER + body_len);
-                    Located::Contiguous(body.unwrap_or_default())
-                } else {
-                    Located::Fragmented(body_len)
-                });
-            }
-        }
-        if end > buf.len() {
-            return Ok(Located::Incomplete);
-        }
-        pos = end;
+impl HelloReader {
+    /// Bytes examined so far; never more than the bytes fed (linear work).
+    pub fn examined(&self) -> usize {
+        self.examined
     }
+
+    /// Continues the walk over `buf` (see the type's contract); `Ok(None)`: need more bytes.
+    pub fn feed(&mut self, buf: &[u8]) -> Result<Option<ClientHello>, HelloError> {
+        if self.pos == 0 && !self.checked {
+            check_first_bytes(buf)?;
+        }
+        loop {
+            let Some(rec) = buf.get(self.pos..self.pos + RECORD_HEADER) else {
+                return Ok(None);
+            };
+            let len = usize::from(u16::from_be_bytes([rec[3], rec[4]]));
+            let start = self.pos + RECORD_HEADER;
+            let end = start + len;
+            if !self.checked {
+                check_record(rec, end)?;
+                self.checked = true;
+                self.examined += RECORD_HEADER;
+                // The common case: the whole message sits in the first record; parse it in
+                // place, without copying.
+                if self.pos == 0 && buf.len() >= end {
+                    if let Some(body) = whole_message(&buf[start..end])? {
+                        self.examined += HANDSHAKE_HEADER + body.len();
+                        return parse_body(body).map(Some);
+                    }
+                }
+            }
+            let payload = buf.get(start + self.taken..end.min(buf.len()));
+            let payload = payload.unwrap_or_default();
+            let want = match self.body_len {
+                Some(n) => HANDSHAKE_HEADER + n,
+                None => HANDSHAKE_HEADER,
+            };
+            let take = (want - self.msg.len()).min(payload.len());
+            self.msg.extend_from_slice(&payload[..take]);
+            self.taken += take;
+            self.examined += take;
+            if self.body_len.is_none() && self.msg.len() == HANDSHAKE_HEADER {
+                self.body_len = Some(message_len(&self.msg)?);
+                // The same record may carry more of the message.
+                continue;
+            }
+            if let Some(n) = self.body_len {
+                // Only the message's bytes count; a record may carry trailing bytes after it.
+                if self.msg.len() == HANDSHAKE_HEADER + n {
+                    return parse_body(&self.msg[HANDSHAKE_HEADER..]).map(Some);
+                }
+            }
+            if end > buf.len() {
+                return Ok(None);
+            }
+            self.pos = end;
+            self.checked = false;
+            self.taken = 0;
+        }
+    }
+}
+
+/// Checks one record header; `end` is where its payload would end in the buffer.
+fn check_record(rec: &[u8], end: usize) -> Result<(), HelloError> {
+    if rec[0] != CONTENT_HANDSHAKE {
+        return Err(HelloError::Malformed(
+            "non-handshake record inside the ClientHello",
+        ));
+    }
+    if !valid_record_version(rec[1], rec[2]) {
+        return Err(HelloError::Malformed("bad record version"));
+    }
+    let len = usize::from(u16::from_be_bytes([rec[3], rec[4]]));
+    if len > MAX_RECORD {
+        return Err(HelloError::TooLarge);
+    }
+    if len == 0 {
+        // RFC 8446 5.1: zero-length handshake fragments are forbidden.
+        return Err(HelloError::Malformed("empty handshake record"));
+    }
+    if end > MAX_BUFFERED {
+        return Err(HelloError::TooLarge);
+    }
+    Ok(())
+}
+
+/// The body length from a handshake header, which must be a ClientHello's within the cap.
+fn message_len(header: &[u8]) -> Result<usize, HelloError> {
+    if header[0] != HANDSHAKE_CLIENT_HELLO {
+        return Err(HelloError::Malformed(
+            "first handshake message is not a ClientHello",
+        ));
+    }
+    let body_len =
+        usize::from(header[1]) << 16 | usize::from(header[2]) << 8 | usize::from(header[3]);
+    // Fail on the claim, before waiting for bytes we would refuse anyway.
+    if HANDSHAKE_HEADER + body_len > MAX_CLIENT_HELLO {
+        return Err(HelloError::TooLarge);
+    }
+    Ok(body_len)
+}
+
+/// The message body when the first record's `payload` holds the whole message.
+fn whole_message(payload: &[u8]) -> Result<Option<&[u8]>, HelloError> {
+    let Some(header) = payload.get(..HANDSHAKE_HEADER) else {
+        return Ok(None);
+    };
+    let body_len = message_len(header)?;
+    Ok(payload.get(HANDSHAKE_HEADER..HANDSHAKE_HEADER + body_len))
 }
 
 /// Rejects, from as few bytes as possible, what cannot be a TLS ClientHello record.
@@ -222,20 +278,4 @@ fn check_first_bytes(buf: &[u8]) -> Result<(), HelloError> {
 /// TLS 1.3); clients send 0x0301..0x0303 in practice.
 fn valid_record_version(major: u8, minor: u8) -> bool {
     major == 3 && minor <= 4
-}
-
-/// Copies the payloads of consecutive records into `out` until it holds `want` bytes.
-fn gather(buf: &[u8], out: &mut Vec<u8>, want: usize) {
-    let mut pos = 0;
-    while out.len() < want {
-        let Some(rec) = buf.get(pos..pos + RECORD_HEADER) else {
-            return;
-        };
-        let start = pos + RECORD_HEADER;
-        let end = start + usize::from(u16::from_be_bytes([rec[3], rec[4]]));
-        let payload = buf.get(start..end.min(buf.len())).unwrap_or_default();
-        let take = (want - out.len()).min(payload.len());
-        out.extend_from_slice(&payload[..take]);
-        pos = end;
-    }
 }
