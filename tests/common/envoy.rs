@@ -64,7 +64,13 @@ pub fn envoy_bin() -> (PathBuf, String) {
         match Command::new(&c).arg("--version").output() {
             Ok(o) if o.status.success() => {
                 let out = String::from_utf8_lossy(&o.stdout);
-                let v = out.lines().next().unwrap_or_default().trim().to_string();
+                // Envoy prints an empty line first.
+                let v = out
+                    .lines()
+                    .map(str::trim)
+                    .find(|l| !l.is_empty())
+                    .unwrap_or_default()
+                    .to_string();
                 if v.contains(&format!("/{ENVOY_VERSION}.")) {
                     return (c, v);
                 }
