@@ -395,17 +395,33 @@ async fn envoy_accepts_the_resources_and_routes_like_aether() {
         "the secrets Envoy's upstream TLS named, over ADS; {}",
         cp.summary()
     );
-    // What Envoy asked for on demand: every mesh-shaped authority as written, nothing foreign.
-    let envoy_subscribed: BTreeSet<String> = cp
-        .ads_streams()
-        .into_iter()
-        .filter(|s| s.first_node().is_some_and(|n| n.id == node_id))
-        .flat_map(|s| s.requests)
-        .filter(|r| r.type_url == CLUSTER_TYPE)
-        .flat_map(|r| r.subscribe)
-        .collect();
+    // What each asked for on demand. Envoy: every mesh-shaped authority as written that no
+    // vhost covers, nothing foreign. aether-proxy: the default Cluster first, `svc:P` only
+    // where `aether.io.ports` allows it, never `svc:<default>` (SPEC 9).
+    let subscribed = |envoy: bool| -> BTreeSet<String> {
+        cp.ads_streams()
+            .into_iter()
+            .filter(|s| s.first_node().is_some_and(|n| (n.id == node_id) == envoy))
+            .flat_map(|s| s.requests)
+            .filter(|r| r.type_url == CLUSTER_TYPE)
+            .flat_map(|r| r.subscribe)
+            .collect()
+    };
     assert_eq!(
-        envoy_subscribed,
+        subscribed(false),
+        names(&[
+            "ghost.aether.internal",
+            "mimic.aether.internal",
+            "orders.aether.internal",
+            "orders.aether.internal:9090",
+            "payments.aether.internal",
+            "payments.aether.internal:9090",
+        ]),
+        "{}",
+        cp.summary()
+    );
+    assert_eq!(
+        subscribed(true),
         names(&[
             "ghost.aether.internal",
             "ghost.aether.internal:9090",
