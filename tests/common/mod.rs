@@ -49,6 +49,8 @@
 //! * `mesh`: client and server pods, catalogs, answer checks, raw HTTP/1.1, a gRPC echo
 //!   service and a wire observer for the outbound tests, `tests/outbound_*.rs`
 //!   (`use common::mesh::*;`).
+//! * `envoy`: a real Envoy 1.40 as a client pod fed by the `xds` control plane, for
+//!   `tests/envoy_interop.rs` (`use common::envoy::*;`).
 //! * `xds`: a control plane (delta ADS and SDS from Envoy's v3 types) fed by a catalog-shaped
 //!   fixture, recording what clients send, for the xDS tests `tests/xds_*.rs`
 //!   (`use common::xds::*;`).
@@ -68,6 +70,7 @@ mod proxy;
 mod tcp;
 mod tls;
 
+pub mod envoy;
 pub mod live;
 pub mod mesh;
 pub mod xds;

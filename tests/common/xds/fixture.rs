@@ -16,6 +16,12 @@ pub struct Fixture {
     pub services: BTreeMap<String, Service>,
     /// Secret name (`default`, `ROOTCA`) -> secret; served over SDS and delta ADS alike.
     pub secrets: BTreeMap<String, SecretSpec>,
+    /// Whether a subscription to `svc.<domain>:<default port>` is answered with the default
+    /// Cluster under that name (the design record's ODCDS resolver canonicalizing a cold
+    /// explicit-default authority for Envoy, whose on-demand discovery asks for the authority
+    /// as written). Default false: aether-proxy never asks for that name, and without this the
+    /// name does not exist.
+    pub default_port_aliases: bool,
 }
 
 impl Default for Fixture {
@@ -24,6 +30,7 @@ impl Default for Fixture {
             mesh_domain: "aether.internal".into(),
             services: BTreeMap::new(),
             secrets: BTreeMap::new(),
+            default_port_aliases: false,
         }
     }
 }
@@ -35,6 +42,11 @@ impl Fixture {
     /// Adds (or replaces) service `name`.
     pub fn service(mut self, name: &str, svc: Service) -> Fixture {
         self.services.insert(name.to_string(), svc);
+        self
+    }
+    /// Answers `svc:<default port>` too (see [`Fixture::default_port_aliases`]).
+    pub fn with_default_port_aliases(mut self) -> Fixture {
+        self.default_port_aliases = true;
         self
     }
     /// The secrets of workload `stem` from `certs`: `default` (its chain and key) and `ROOTCA`

@@ -8,18 +8,21 @@
 //!   ([`resources`]): an EDS Cluster `svc.<domain>` for the default port and `svc.<domain>:P`
 //!   for every other advertised port (never `svc:<default>`), whose EDS name is
 //!   `outbound|P||svc.<domain>`; a per-port ClusterLoadAssignment under that name; Secrets
-//!   `default` and `ROOTCA`.
+//!   `default` and `ROOTCA`. With [`Fixture::with_default_port_aliases`] it also answers
+//!   `svc.<domain>:<default>` with the default Cluster under that name, for Envoy's on-demand
+//!   discovery (which asks for the authority as written).
 //! * Delta ADS per stream: a subscribe is answered with the named resources that exist, the
 //!   others in `removed_resources`; a change ([`ControlPlane::set`]) goes to every stream
 //!   subscribed to a changed or removed name; unsubscribes are honoured; each response has a
 //!   fresh nonce, each resource a version (a hash of what it is made from). A resubscribe with
 //!   `initial_resource_versions` gets only what differs. As Istio does for Envoy, a changed
-//!   Cluster is followed by its assignment, resent even when unchanged
-//!   ([`ControlPlane::resend_assignments`]). `StreamAggregatedResources` is unimplemented.
+//!   Cluster (or one new to the stream whose EDS name another Cluster shares) is followed by
+//!   its assignment, resent even when unchanged ([`ControlPlane::resend_assignments`]). `StreamAggregatedResources` is unimplemented.
 //! * SDS: each stream names its secrets; they are answered once they exist and pushed when
 //!   they change.
 //! * Everything clients send is recorded ([`StreamRecord`]): node, subscribes, unsubscribes,
-//!   ACKs, NACKs with their message, initial versions; and every response sent.
+//!   ACKs, NACKs with their message, initial versions; and every response sent. For one
+//!   client, [`ControlPlane::answers_of_node`] pairs each response with its ACK or NACK.
 //! * Test controls: [`ControlPlane::set`] / [`ControlPlane::update`],
 //!   [`ControlPlane::drop_streams`], [`ControlPlane::stop`] and [`ControlPlane::serve`] (again,
 //!   on the same address), [`ControlPlane::serve_invalid`], [`ControlPlane::hold`],
@@ -196,8 +199,9 @@ impl ControlPlane {
         self.state.lock().resend(name)
     }
 
-    /// Istio's habit (on by default): after pushing a changed Cluster, push its assignment
-    /// again even when unchanged (Envoy does not ask for it again). Off: only what changed.
+    /// Istio's habit (on by default): after pushing a changed Cluster, or a Cluster new to the
+    /// stream whose EDS name the client already has, push that assignment again even when
+    /// unchanged (Envoy does not ask for a name it already watches). Off: only what changed.
     pub fn resend_assignments(&self, on: bool) {
         self.state.lock().resend_assignments = on;
     }
@@ -348,6 +352,32 @@ impl ControlPlane {
             .collect()
     }
 
+    /// Every delta ADS response sent on the streams of the client whose node id is `node_id`,
+    /// each with how it was answered, in order.
+    pub fn answers_of_node(&self, node_id: &str) -> Vec<Answered> {
+        self.ads_streams()
+            .into_iter()
+            .filter(|s| s.first_node().is_some_and(|n| n.id == node_id))
+            .flat_map(|s| {
+                s.responses
+                    .iter()
+                    .map(|resp| Answered {
+                        stream: s.id,
+                        answer: s
+                            .requests
+                            .iter()
+                            .find(|r| r.response_nonce == resp.nonce)
+                            .map(|r| match &r.error {
+                                None => Answer::Ack,
+                                Some(m) => Answer::Nack(m.clone()),
+                            }),
+                        response: resp.clone(),
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
     /// Whether some request answered the response with `nonce`, and how: Some(None) an ACK,
     /// Some(Some(message)) a NACK.
     pub fn answer_to(&self, nonce: &str) -> Option<Option<String>> {
@@ -450,6 +480,22 @@ impl ControlPlane {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+}
+
+/// How a client answered one response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    Ack,
+    /// With the `error_detail.message`.
+    Nack(String),
+}
+
+/// One response sent on a stream and the client's answer to it (None: not answered yet).
+#[derive(Debug, Clone)]
+pub struct Answered {
+    pub stream: u64,
+    pub response: Response,
+    pub answer: Option<Answer>,
 }
 
 fn short(type_url: &str) -> &str {

@@ -89,23 +89,28 @@ pub fn build(fx: &Fixture) -> BTreeMap<Key, Res> {
         ports.sort_unstable();
         ports.dedup();
         for port in ports {
-            let cname = cluster_name(&host, svc, port);
             let eds = eds_name(&host, port);
-            let c = cluster(&cname, &eds, svc, port, &advertised);
-            let canonical = format!(
-                "{cname}|{eds}|{port}|{advertised:?}|{:?}",
-                Service {
-                    endpoints: Vec::new(),
-                    ..svc.clone()
-                }
-            );
-            out.insert(
-                (CLUSTER_TYPE.to_string(), cname),
-                Res {
-                    any: pack(&c),
-                    version: version_of(&canonical),
-                },
-            );
+            let mut names = vec![cluster_name(&host, svc, port)];
+            if port == svc.default_port && fx.default_port_aliases {
+                names.push(format!("{host}:{port}"));
+            }
+            for cname in names {
+                let c = cluster(&cname, &eds, svc, port, &advertised);
+                let canonical = format!(
+                    "{cname}|{eds}|{port}|{advertised:?}|{:?}",
+                    Service {
+                        endpoints: Vec::new(),
+                        ..svc.clone()
+                    }
+                );
+                out.insert(
+                    (CLUSTER_TYPE.to_string(), cname),
+                    Res {
+                        any: pack(&c),
+                        version: version_of(&canonical),
+                    },
+                );
+            }
             let eps: Vec<&Endpoint> = svc
                 .endpoints
                 .iter()

@@ -312,7 +312,30 @@ impl Inner {
                 fresh.push(key);
             }
         }
+        // A Cluster whose EDS name the client already has (another Cluster shares it) is
+        // followed by that assignment: Envoy asks for no name it already watches, and the new
+        // Cluster would warm forever.
+        let mut resend: Vec<Key> = Vec::new();
+        let st = &self.ads[&id];
+        if self.resend_assignments {
+            for k in fresh.iter().filter(|k| k.0 == CLUSTER_TYPE) {
+                let Some(eds) = self.current(k).and_then(|r| eds_of(&r.any)) else {
+                    continue;
+                };
+                let cla = (CLA_TYPE.to_string(), eds);
+                let has = self.current(&cla).map(|r| Some(r.version.clone()));
+                if st.subscribed.contains(&cla)
+                    && has.is_some()
+                    && st.known.get(&cla) == has.as_ref()
+                {
+                    resend.push(cla);
+                }
+            }
+        }
         self.delta_respond(id, &fresh, false);
+        if !resend.is_empty() {
+            self.delta_respond(id, &resend, true);
+        }
     }
 
     /// Sends stream `id` what it lacks of `keys` (all of them when `force`); returns the nonces.
