@@ -67,7 +67,7 @@ async fn attempts(
         let conn = match up.pool.get(&key, max_uses) {
             Some(c) => c,
             None => {
-                let mut turn = up.pool.dial_turn(&key).await;
+                let mut turn = Box::pin(up.pool.dial_turn(&key)).await;
                 // While this request waited, the dial before it may have added an HTTP/2
                 // connection it can share, or failed.
                 match up.pool.get(&key, max_uses) {
@@ -78,7 +78,9 @@ async fn attempts(
                         }
                         continue;
                     }
-                    None => match up.connect_http(&key, cluster).await {
+                    // Boxed: the dial is the rare path, and its TLS machinery would otherwise
+                    // be part of (and copied with) every request's future.
+                    None => match Box::pin(up.connect_http(&key, cluster)).await {
                         Ok(c) => c,
                         Err(ConnectError::Overflow) => return Err(Reason::Overflow),
                         Err(e) => {

@@ -235,7 +235,10 @@ impl Outbound {
         let mut out = match (is_connect, protocol) {
             (true, PortProtocol::Http) => Outcome::error(Reason::NotATcpPort),
             (false, PortProtocol::Tcp) => Outcome::error(Reason::NotAnHttpPort),
-            (true, PortProtocol::Tcp) => self.tunnel(req, &cluster, src, open, admitted).await,
+            (true, PortProtocol::Tcp) => {
+                // Boxed: a tunnel's connect machinery would otherwise enlarge every request.
+                Box::pin(self.tunnel(req, &cluster, src, open, admitted)).await
+            }
             (false, PortProtocol::Http) => {
                 let mut out = self.forward(req, &cluster, authority, src).await;
                 out.admitted = Some(admitted);
@@ -253,13 +256,45 @@ impl Outbound {
         &self,
         auth: &route::MeshAuthority<'_>,
     ) -> Result<(Arc<Cluster>, PortProtocol), Reason> {
-        // Subscribed only once a name must be waited for: the common case takes no notice.
-        let mut changed: Option<tokio::sync::watch::Receiver<u64>> = None;
+        match self.known_cluster(auth)? {
+            Some(found) => Ok(found),
+            // Rare (a first request via the control plane): boxed, so the waiting machinery does
+            // not enlarge every request's future.
+            None => Box::pin(self.discover(auth)).await,
+        }
+    }
+
+    /// The cluster, when the catalog in use already knows the name; `None` when a source is
+    /// still to be asked.
+    fn known_cluster(
+        &self,
+        auth: &route::MeshAuthority<'_>,
+    ) -> Result<Option<(Arc<Cluster>, PortProtocol)>, Reason> {
+        let catalog = self.catalog.load();
+        match route::lookup(&catalog, auth, &self.mesh_domain) {
+            route::Lookup::Found(target) => {
+                target.service.touch(target.port);
+                let cluster = self
+                    .clusters
+                    .get(&catalog, &target.service.name, target.port)
+                    .ok_or(Reason::UnknownService)?;
+                Ok(Some((cluster, target.protocol)))
+            }
+            route::Lookup::Refused(r) => Err(r),
+            route::Lookup::Unknown { .. } => Ok(None),
+        }
+    }
+
+    /// Asks the catalog's source for the name and waits for its answer (or the timeout).
+    async fn discover(
+        &self,
+        auth: &route::MeshAuthority<'_>,
+    ) -> Result<(Arc<Cluster>, PortProtocol), Reason> {
+        // Subscribed before looking again, so no change falls in between.
+        let mut changes = self.catalog.subscribe();
         let mut deadline = None;
         loop {
-            if let Some(c) = changed.as_mut() {
-                c.borrow_and_update();
-            }
+            changes.borrow_and_update();
             let catalog = self.catalog.load();
             let wanted = match route::lookup(&catalog, auth, &self.mesh_domain) {
                 route::Lookup::Found(target) => {
@@ -272,11 +307,6 @@ impl Outbound {
                 }
                 route::Lookup::Refused(r) => return Err(r),
                 route::Lookup::Unknown { cluster, .. } => cluster,
-            };
-            let Some(changes) = changed.as_mut() else {
-                // Look again with the subscription in place, so no change falls in between.
-                changed = Some(self.catalog.subscribe());
-                continue;
             };
             let timeout = catalog
                 .on_demand
