@@ -337,8 +337,8 @@ pub struct Timed<S> {
     last_io: tokio::time::Instant,
     armed: Option<(Timer, tokio::time::Instant)>,
     sleep: std::pin::Pin<Box<tokio::time::Sleep>>,
-    /// The 431 answer being written, and how much of it is out.
-    refusal: Option<(bytes::Bytes, usize)>,
+    /// The 431 answer to an oversized HTTP/1 head, once there is one.
+    refusal: Option<Refusal>,
 }
 
 impl<S> Timed<S> {
@@ -465,28 +465,73 @@ impl<S> Timed<S> {
     }
 }
 
-impl<S: tokio::io::AsyncWrite + Unpin> Timed<S> {
-    /// Writes the 431 answer for an oversized HTTP/1 head, then fails the read so that hyper
-    /// closes the connection without answering again.
+/// After the 431 for an oversized head, what the client still sends is read and dropped for up
+/// to this long or this much, so that closing with unread bytes (a TCP reset) does not destroy
+/// the answer before the client reads it.
+const LINGER: Duration = Duration::from_secs(2);
+const LINGER_BYTES: usize = 4 << 20;
+
+/// The answer to an oversized HTTP/1 head, on its way out.
+enum Refusal {
+    Writing(bytes::Bytes, usize),
+    Lingering(usize),
+}
+
+impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin> Timed<S> {
+    /// Writes the 431 answer for an oversized HTTP/1 head, reads what the client still sends
+    /// for a moment, then fails the read so that hyper closes the connection without answering
+    /// again.
     fn poll_refusal(
         &mut self,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
+        use std::future::Future;
         use std::task::Poll;
-        let (answer, sent) = self.refusal.as_mut().expect("a refusal is under way");
-        while *sent < answer.len() {
-            match std::pin::Pin::new(&mut self.inner).poll_write(cx, &answer[*sent..]) {
-                Poll::Ready(Ok(0)) => break,
-                Poll::Ready(Ok(k)) => *sent += k,
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Pending => return Poll::Pending,
+        let done = || {
+            Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "request head too large",
+            )))
+        };
+        loop {
+            match self.refusal.as_mut().expect("a refusal is under way") {
+                Refusal::Writing(answer, sent) => {
+                    while *sent < answer.len() {
+                        match std::pin::Pin::new(&mut self.inner).poll_write(cx, &answer[*sent..]) {
+                            Poll::Ready(Ok(0)) => return done(),
+                            Poll::Ready(Ok(k)) => *sent += k,
+                            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                            Poll::Pending => return Poll::Pending,
+                        }
+                    }
+                    std::task::ready!(std::pin::Pin::new(&mut self.inner).poll_flush(cx))?;
+                    self.refusal = Some(Refusal::Lingering(0));
+                    self.sleep
+                        .as_mut()
+                        .reset(tokio::time::Instant::now() + LINGER);
+                    self.armed = None;
+                }
+                Refusal::Lingering(dropped) => {
+                    let mut scratch = [0u8; 8192];
+                    let mut b = tokio::io::ReadBuf::new(&mut scratch);
+                    match std::pin::Pin::new(&mut self.inner).poll_read(cx, &mut b) {
+                        Poll::Ready(Ok(())) if !b.filled().is_empty() => {
+                            *dropped += b.filled().len();
+                            if *dropped >= LINGER_BYTES {
+                                return done();
+                            }
+                        }
+                        Poll::Ready(_) => return done(),
+                        Poll::Pending => {
+                            if self.sleep.as_mut().poll(cx).is_ready() {
+                                return done();
+                            }
+                            return Poll::Pending;
+                        }
+                    }
+                }
             }
         }
-        std::task::ready!(std::pin::Pin::new(&mut self.inner).poll_flush(cx))?;
-        Poll::Ready(Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            "request head too large",
-        )))
     }
 }
 
@@ -510,7 +555,7 @@ impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin> tokio::io::AsyncRe
         };
         if in_head && head_bytes >= H1_MAX_HEAD {
             crate::metrics::get().cut_off(this.listener, "headers_too_large");
-            this.refusal = Some((head_too_large_answer(), 0));
+            this.refusal = Some(Refusal::Writing(head_too_large_answer(), 0));
             return this.poll_refusal(cx);
         }
         let before = buf.filled().len();
