@@ -55,8 +55,8 @@ impl Default for Activity {
 struct Guard {
     listener: &'static str,
     activity: Activity,
-    /// Response bodies only: the stream idle timer.
-    idle: Option<(Duration, Pin<Box<tokio::time::Sleep>>)>,
+    /// Response bodies only: the stream idle timer, made when the body first waits.
+    idle: Option<(Duration, Option<Pin<Box<tokio::time::Sleep>>>)>,
 }
 
 pub struct Metered<B> {
@@ -101,7 +101,7 @@ impl<B> Metered<B> {
     /// peer's stream is reset, or its HTTP/1 connection closed).
     pub fn idle_timeout(mut self, after: Duration) -> Metered<B> {
         if let Some(g) = self.guard.as_mut() {
-            g.idle = Some((after, Box::pin(tokio::time::sleep(after))));
+            g.idle = Some((after, None));
         }
         self
     }
@@ -171,13 +171,19 @@ where
                 else {
                     return Poll::Pending;
                 };
-                // The deadline follows the last activity of either body.
-                let deadline = activity.last() + *after;
-                if sleep.deadline() != deadline {
+                // The deadline follows the last activity of either body; the timer is moved
+                // only when it fires early, not on every chunk.
+                loop {
+                    let deadline = activity.last() + *after;
+                    let sleep =
+                        sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                    if sleep.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    if tokio::time::Instant::now() >= deadline {
+                        break;
+                    }
                     sleep.as_mut().reset(deadline);
-                }
-                if sleep.as_mut().poll(cx).is_pending() {
-                    return Poll::Pending;
                 }
                 let e = this.cut("stream_idle", "the stream moved no bytes for too long");
                 Poll::Ready(Some(Err(e)))

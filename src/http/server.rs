@@ -452,12 +452,23 @@ impl<S> Timed<S> {
     ) -> Option<std::io::Error> {
         use std::future::Future;
         let want = self.wanted(between, n)?;
-        if self.armed != Some(want) {
-            self.armed = Some(want);
-            self.sleep.as_mut().reset(want.1);
-        }
-        if self.sleep.as_mut().poll(cx).is_pending() {
-            return None;
+        loop {
+            match self.armed {
+                // The same timer, pushed later by activity: let the armed one fire first and
+                // look again then, instead of re-arming on every read.
+                Some((kind, at)) if kind == want.0 && at <= want.1 => {}
+                _ => {
+                    self.armed = Some(want);
+                    self.sleep.as_mut().reset(want.1);
+                }
+            }
+            if self.sleep.as_mut().poll(cx).is_pending() {
+                return None;
+            }
+            if tokio::time::Instant::now() >= want.1 {
+                break;
+            }
+            self.armed = None;
         }
         let (what, reason) = want.0.describe();
         crate::metrics::get().cut_off(self.listener, reason);
