@@ -6,7 +6,7 @@
 //! what the mesh knows (a store fed by sources); `identity` owns SPIFFE ids, certificates and
 //! TLS contexts; `http` is what both listeners share of HTTP; `admin`, `readiness`, `drain`,
 //! `metrics` and `accesslog` are the operator's side. `validation` is how bad input is
-//! reported.
+//! reported; `sockets` is what every TCP socket of the data path shares (keepalive, idle splicing).
 
 pub mod accesslog;
 pub mod admin;
@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod outbound;
 pub mod readiness;
 pub mod run;
+pub mod sockets;
 pub mod validation;
 pub mod watch;
 pub mod xds;

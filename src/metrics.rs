@@ -42,6 +42,27 @@ pub struct HandshakeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CutOffLabels {
+    pub listener: &'static str,
+    pub reason: &'static str,
+}
+
+/// Why the proxy cut a downstream connection or stream short (SPEC section 8), the `reason`
+/// label of `aether_http_protocol_errors_total`.
+pub const CUT_OFF_REASONS: [&str; 10] = [
+    "head_timeout",
+    "header_block_timeout",
+    "connection_idle",
+    "stream_idle",
+    "first_byte_timeout",
+    "tunnel_idle",
+    "headers_too_large",
+    "rapid_reset",
+    "h2_protocol_error",
+    "h2_too_much",
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ServicePortLabels {
     pub service: String,
     pub port: u16,
@@ -82,6 +103,7 @@ pub struct Metrics {
     pub duration: Family<DirectionLabels, Histogram>,
     pub connections_active: Family<ListenerLabels, Gauge>,
     pub tls_handshakes: Family<HandshakeLabels, Counter>,
+    pub cut_offs: Family<CutOffLabels, Counter>,
     pub outlier_ejections: Family<ServicePortLabels, Counter>,
     pub catalog_reloads: Family<ResultLabels, Counter>,
     pub identity_reloads: Family<ResultLabels, Counter>,
@@ -122,6 +144,7 @@ impl Metrics {
         );
         let connections_active = Family::<ListenerLabels, Gauge>::default();
         let tls_handshakes = Family::<HandshakeLabels, Counter>::default();
+        let cut_offs = Family::<CutOffLabels, Counter>::default();
         let outlier_ejections = Family::<ServicePortLabels, Counter>::default();
         let catalog_reloads = Family::<ResultLabels, Counter>::default();
         let identity_reloads = Family::<ResultLabels, Counter>::default();
@@ -196,6 +219,11 @@ impl Metrics {
             tls_handshakes.clone(),
         );
         registry.register(
+            "aether_http_protocol_errors",
+            "Downstream connections and streams cut off by a limit or timer, by reason",
+            cut_offs.clone(),
+        );
+        registry.register(
             "aether_outlier_ejections",
             "Endpoints ejected by outlier detection",
             outlier_ejections.clone(),
@@ -214,6 +242,11 @@ impl Metrics {
         for listener in ["inbound", "outbound"] {
             for result in ["ok", "error"] {
                 let _ = tls_handshakes.get_or_create(&HandshakeLabels { listener, result });
+            }
+        }
+        for listener in ["inbound", "outbound"] {
+            for reason in CUT_OFF_REASONS {
+                let _ = cut_offs.get_or_create(&CutOffLabels { listener, reason });
             }
         }
         for listener in ["inbound", "outbound"] {
@@ -247,6 +280,7 @@ impl Metrics {
             duration,
             connections_active,
             tls_handshakes,
+            cut_offs,
             outlier_ejections,
             catalog_reloads,
             identity_reloads,
@@ -294,6 +328,14 @@ impl Metrics {
     pub fn identity_refused(&self, listener: &'static str) {
         self.identity_refused
             .get_or_create(&ListenerLabels { listener })
+            .inc();
+    }
+
+    /// Counts a cut-off; `reason` is one of `CUT_OFF_REASONS`.
+    pub fn cut_off(&self, listener: &'static str, reason: &'static str) {
+        debug_assert!(CUT_OFF_REASONS.contains(&reason), "{reason}");
+        self.cut_offs
+            .get_or_create(&CutOffLabels { listener, reason })
             .inc();
     }
 

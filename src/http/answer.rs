@@ -99,13 +99,14 @@ impl Reason {
         }
     }
 
+    /// The one-line body: `<reason>: <message>\n`.
+    pub fn body_line(self) -> String {
+        format!("{}: {}\n", self.as_str(), self.message())
+    }
+
     /// The full answer.
     pub fn response(self) -> Response<Body> {
-        let mut r = Response::new(Either::Right(Full::new(Bytes::from(format!(
-            "{}: {}\n",
-            self.as_str(),
-            self.message()
-        )))));
+        let mut r = Response::new(Either::Right(Full::new(Bytes::from(self.body_line()))));
         *r.status_mut() = self.status();
         let h = r.headers_mut();
         h.insert(X_AETHER_ERROR, HeaderValue::from_static(self.as_str()));

@@ -1,11 +1,14 @@
 //! Bodies as they cross the proxy: streamed frame by frame (never buffered whole), counted, and
 //! with a hook that runs once when the stream ends, fails or is dropped, which is when a
-//! request is really over (for the access log, metrics and in-flight counts).
+//! request is really over (for the access log, metrics and in-flight counts). A guarded body
+//! also holds trailers to the header limits and notes activity for the stream idle timer
+//! (SPEC section 8).
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{Either, Full};
@@ -14,10 +17,53 @@ use hyper::body::{Body, Frame, Incoming, SizeHint};
 /// What runs at the end of a response: it gets whether the body ended cleanly.
 pub type OnEnd = Box<dyn FnOnce(bool) + Send + Sync>;
 
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// When bytes of one request last moved, either way: its request and response bodies share one.
+#[derive(Clone)]
+pub struct Activity {
+    base: tokio::time::Instant,
+    /// Milliseconds after `base`.
+    last: Arc<AtomicU64>,
+}
+
+impl Activity {
+    pub fn new() -> Activity {
+        Activity {
+            base: tokio::time::Instant::now(),
+            last: Arc::default(),
+        }
+    }
+
+    fn touch(&self) {
+        let ms = self.base.elapsed().as_millis() as u64;
+        self.last.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    fn last(&self) -> tokio::time::Instant {
+        self.base + Duration::from_millis(self.last.load(Ordering::Relaxed))
+    }
+}
+
+impl Default for Activity {
+    fn default() -> Self {
+        Activity::new()
+    }
+}
+
+/// The limits a guarded body enforces.
+struct Guard {
+    listener: &'static str,
+    activity: Activity,
+    /// Response bodies only: the stream idle timer, made when the body first waits.
+    idle: Option<(Duration, Option<Pin<Box<tokio::time::Sleep>>>)>,
+}
+
 pub struct Metered<B> {
     inner: B,
     bytes: Arc<AtomicU64>,
     on_end: Option<OnEnd>,
+    guard: Option<Guard>,
 }
 
 /// A request body on its way upstream.
@@ -31,6 +77,7 @@ impl<B> Metered<B> {
             inner,
             bytes,
             on_end: None,
+            guard: None,
         }
     }
 
@@ -39,40 +86,109 @@ impl<B> Metered<B> {
         self
     }
 
+    /// Holds trailers to the header limits and notes activity on `activity`; cut-offs are
+    /// counted for `listener`.
+    pub fn guarded(mut self, listener: &'static str, activity: Activity) -> Metered<B> {
+        self.guard = Some(Guard {
+            listener,
+            activity,
+            idle: None,
+        });
+        self
+    }
+
+    /// Also ends the body with an error once no bytes moved either way for `after` (the
+    /// peer's stream is reset, or its HTTP/1 connection closed).
+    pub fn idle_timeout(mut self, after: Duration) -> Metered<B> {
+        if let Some(g) = self.guard.as_mut() {
+            g.idle = Some((after, None));
+        }
+        self
+    }
+
     fn finish(&mut self, clean: bool) {
         if let Some(f) = self.on_end.take() {
             f(clean);
         }
+    }
+
+    /// An error that ends the body, counted as `reason`.
+    fn cut(&mut self, reason: &'static str, what: &'static str) -> BoxError {
+        if let Some(g) = &self.guard {
+            crate::metrics::get().cut_off(g.listener, reason);
+        }
+        self.finish(false);
+        what.into()
     }
 }
 
 impl<B> Body for Metered<B>
 where
     B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
 {
     type Data = Bytes;
-    type Error = B::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        use std::future::Future;
         let this = &mut *self;
         let r = Pin::new(&mut this.inner).poll_frame(cx);
-        match &r {
+        match r {
             Poll::Ready(Some(Ok(frame))) => {
+                if let Some(g) = &this.guard {
+                    g.activity.touch();
+                    if frame.trailers_ref().is_some_and(super::headers::too_large) {
+                        let e = this.cut("headers_too_large", "trailers over the header limits");
+                        return Poll::Ready(Some(Err(e)));
+                    }
+                }
                 if let Some(d) = frame.data_ref() {
                     this.bytes.fetch_add(d.len() as u64, Ordering::Relaxed);
                 }
                 if this.inner.is_end_stream() {
                     this.finish(true);
                 }
+                Poll::Ready(Some(Ok(frame)))
             }
-            Poll::Ready(Some(Err(_))) => this.finish(false),
-            Poll::Ready(None) => this.finish(true),
-            Poll::Pending => {}
+            Poll::Ready(Some(Err(e))) => {
+                this.finish(false);
+                Poll::Ready(Some(Err(e.into())))
+            }
+            Poll::Ready(None) => {
+                this.finish(true);
+                Poll::Ready(None)
+            }
+            Poll::Pending => {
+                let Some(Guard {
+                    activity,
+                    idle: Some((after, sleep)),
+                    ..
+                }) = this.guard.as_mut()
+                else {
+                    return Poll::Pending;
+                };
+                // The deadline follows the last activity of either body; the timer is moved
+                // only when it fires early, not on every chunk.
+                loop {
+                    let deadline = activity.last() + *after;
+                    let sleep =
+                        sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                    if sleep.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    if tokio::time::Instant::now() >= deadline {
+                        break;
+                    }
+                    sleep.as_mut().reset(deadline);
+                }
+                let e = this.cut("stream_idle", "the stream moved no bytes for too long");
+                Poll::Ready(Some(Err(e)))
+            }
         }
-        r
     }
 
     fn is_end_stream(&self) -> bool {
@@ -109,6 +225,87 @@ mod tests {
         assert_eq!(&collected[..], b"hello");
         assert_eq!(bytes.load(Ordering::Relaxed), 5);
         assert_eq!(*ended.lock().unwrap(), vec![true]);
+    }
+
+    #[tokio::test]
+    async fn a_guarded_body_ends_when_no_bytes_move_and_activity_postpones_it() {
+        let idle = Duration::from_millis(300);
+        let activity = Activity::new();
+        let (mut tx, rx) = futures_channel_body();
+        let body = Metered::new(rx, Arc::default())
+            .guarded("inbound", activity.clone())
+            .idle_timeout(idle);
+        let start = std::time::Instant::now();
+        let reader = tokio::spawn(async move { body.collect().await.map(|_| ()) });
+        // Activity on the other body of the request (here: touched directly) keeps it open.
+        for _ in 0..4 {
+            tokio::time::sleep(idle / 2).await;
+            activity.touch();
+        }
+        tx.send(Bytes::from_static(b"x")).await;
+        let r = reader.await.unwrap();
+        let took = start.elapsed();
+        let e = r.expect_err("an idle body must end with an error");
+        assert!(e.to_string().contains("no bytes"), "{e}");
+        assert!(
+            took >= idle * 3 - Duration::from_millis(5),
+            "ended after {took:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn trailers_over_the_header_limits_end_the_body() {
+        let mut trailers = http::HeaderMap::new();
+        for i in 0..=super::super::headers::MAX_HEADERS {
+            trailers.insert(
+                http::HeaderName::from_bytes(format!("x-t{i}").as_bytes()).unwrap(),
+                http::HeaderValue::from_static("v"),
+            );
+        }
+        let body = http_body_util::StreamBody::new(futures_util::stream::iter([
+            Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from_static(b"x"))),
+            Ok(Frame::trailers(trailers)),
+        ]));
+        let body = Metered::new(body, Arc::default()).guarded("inbound", Activity::new());
+        let e = body.collect().await.expect_err("too many trailers");
+        assert!(e.to_string().contains("trailers"), "{e}");
+    }
+
+    /// A body fed by hand: each sent chunk is one data frame.
+    fn futures_channel_body() -> (
+        ChunkSender,
+        http_body_util::StreamBody<tokio_stream_like::Receiver>,
+    ) {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        (
+            ChunkSender(tx),
+            http_body_util::StreamBody::new(tokio_stream_like::Receiver(rx)),
+        )
+    }
+
+    struct ChunkSender(tokio::sync::mpsc::Sender<Bytes>);
+
+    impl ChunkSender {
+        async fn send(&mut self, b: Bytes) {
+            let _ = self.0.send(b).await;
+        }
+    }
+
+    mod tokio_stream_like {
+        use super::*;
+
+        pub struct Receiver(pub tokio::sync::mpsc::Receiver<Bytes>);
+
+        impl futures_util::Stream for Receiver {
+            type Item = Result<Frame<Bytes>, std::convert::Infallible>;
+
+            fn poll_next(
+                mut self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+            ) -> Poll<Option<Self::Item>> {
+                self.0.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b))))
+            }
+        }
     }
 
     #[test]

@@ -6,8 +6,8 @@ use std::time::Duration;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use super::limits::{
-    DOWNSTREAM_IDLE_TIMEOUT, H2_CONNECTION_WINDOW, H2_MAX_CONCURRENT_STREAMS, H2_MAX_FRAME,
-    H2_MAX_LOCAL_ERROR_RESETS, H2_MAX_PENDING_ACCEPT_RESETS, H2_STREAM_WINDOW, HEADER_READ_TIMEOUT,
+    timers, Timers, H1_MAX_HEAD, H2_CONNECTION_WINDOW, H2_MAX_CONCURRENT_STREAMS, H2_MAX_FRAME,
+    H2_MAX_HEADER_LIST, H2_MAX_LOCAL_ERROR_RESETS, H2_MAX_PENDING_ACCEPT_RESETS, H2_STREAM_WINDOW,
     HYPER_MAX_BUF, HYPER_MAX_HEADERS,
 };
 
@@ -39,7 +39,7 @@ impl Servers {
             .initial_stream_window_size(H2_STREAM_WINDOW)
             .initial_connection_window_size(H2_CONNECTION_WINDOW)
             .max_frame_size(H2_MAX_FRAME)
-            .max_header_list_size(HYPER_MAX_BUF as u32)
+            .max_header_list_size(H2_MAX_HEADER_LIST)
             .max_pending_accept_reset_streams(Some(H2_MAX_PENDING_ACCEPT_RESETS))
             .max_local_error_reset_streams(Some(H2_MAX_LOCAL_ERROR_RESETS));
         Servers { h1, h2, auto }
@@ -68,32 +68,63 @@ fn configure_h2(b: &mut hyper::server::conn::http2::Builder<TokioExecutor>) {
         .initial_stream_window_size(H2_STREAM_WINDOW)
         .initial_connection_window_size(H2_CONNECTION_WINDOW)
         .max_frame_size(H2_MAX_FRAME)
-        .max_header_list_size(HYPER_MAX_BUF as u32)
+        .max_header_list_size(H2_MAX_HEADER_LIST)
         // Rapid reset (CVE-2023-44487): h2 closes connections that reset too many streams.
         .max_pending_accept_reset_streams(Some(H2_MAX_PENDING_ACCEPT_RESETS))
         .max_local_error_reset_streams(Some(H2_MAX_LOCAL_ERROR_RESETS));
 }
 
 /// Serves one HTTP connection until it ends, is cut for rapid-reset abuse, or is finished
-/// gracefully once the drain closes.
+/// gracefully once the drain closes. Cut-offs are counted for `$listener`.
 #[macro_export]
 #[doc(hidden)]
 macro_rules! __serve_until_drained {
-    ($conn:expr, $drain:expr, $requests:expr) => {{
+    ($conn:expr, $drain:expr, $requests:expr, $listener:expr) => {{
         let conn = $conn;
         tokio::pin!(conn);
         let closing = $crate::drain::Drain::reached($drain.watch(), $crate::drain::Phase::Closing);
-        tokio::select! {
-            r = conn.as_mut() => r.map_err(|e| e.to_string()),
+        let r: Result<(), String> = tokio::select! {
+            r = conn.as_mut() => r.map_err(|e| {
+                let e: Box<dyn std::error::Error + Send + Sync> = e.into();
+                $crate::http::server::count_codec_error($listener, &*e);
+                e.to_string()
+            }),
             _ = $requests.abused() => {
+                $crate::metrics::get().cut_off($listener, "rapid_reset");
                 Err("closed: the peer resets most of its streams early (rapid reset)".to_string())
             }
             _ = closing => {
                 conn.as_mut().graceful_shutdown();
                 conn.await.map_err(|e| e.to_string())
             }
-        }
+        };
+        r
     }};
+}
+
+/// Counts a connection the HTTP/2 codec ended with a GOAWAY of its own (a header list far over
+/// the limit, a CONTINUATION flood, too many resets, malformed frames).
+pub fn count_codec_error(listener: &'static str, e: &(dyn std::error::Error + 'static)) {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(h2e) = err.downcast_ref::<h2::Error>() {
+            if !(h2e.is_go_away() && h2e.is_library()) {
+                return;
+            }
+            let reason = match h2e.reason() {
+                None | Some(h2::Reason::NO_ERROR) => return,
+                Some(
+                    h2::Reason::ENHANCE_YOUR_CALM
+                    | h2::Reason::COMPRESSION_ERROR
+                    | h2::Reason::FRAME_SIZE_ERROR,
+                ) => "h2_too_much",
+                Some(_) => "h2_protocol_error",
+            };
+            crate::metrics::get().cut_off(listener, reason);
+            return;
+        }
+        cur = err.source();
+    }
 }
 
 pub use crate::__serve_until_drained as serve_until_drained;
@@ -170,113 +201,441 @@ impl Drop for RequestOpen {
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Deadline {
-    None,
-    /// Bytes of a new request head arrived (after `n` finished requests).
-    Head(u64),
-    /// Nothing in flight since `n` finished requests.
-    Idle(u64),
+/// What a downstream connection speaks, as far as is known before its first byte.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wire {
+    /// ALPN (or the chain) said HTTP/1.1.
+    H1,
+    /// ALPN (or the chain) said HTTP/2; the preface must still arrive, in time.
+    H2,
+    /// Plaintext, or TLS without ALPN: the full 24-byte HTTP/2 preface decides, never a
+    /// shorter guess.
+    Sniff,
 }
 
-/// The downstream timers hyper lacks. hyper's `header_read_timeout` also runs while a
-/// keep-alive connection sits idle, which would close pooled peer connections after 10 s;
-/// here a request head must be complete within `HEADER_READ_TIMEOUT` of its first byte, and a
-/// connection with nothing in flight closes after `IDLE_TIMEOUT`. HTTP/2 connections
-/// (recognised by their preface) get only the idle timer: pings are not request heads.
+const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// What the bytes so far say the connection speaks.
+enum Seen {
+    /// This many bytes of the HTTP/2 preface matched so far.
+    Preface(usize),
+    H1,
+    H2(Frames),
+}
+
+/// Follows HTTP/2 frame boundaries (after the preface) just far enough to know when a header
+/// block (HEADERS or PUSH_PROMISE, then CONTINUATION up to END_HEADERS) is open.
+#[derive(Default)]
+struct Frames {
+    head: [u8; 9],
+    head_len: usize,
+    payload_left: usize,
+    /// The frame being read ends the open header block.
+    ends_block: bool,
+    /// When the open header block began.
+    block_since: Option<tokio::time::Instant>,
+}
+
+impl Frames {
+    const HEADERS: u8 = 0x1;
+    const PUSH_PROMISE: u8 = 0x5;
+    const CONTINUATION: u8 = 0x9;
+    const END_HEADERS: u8 = 0x4;
+
+    fn feed(&mut self, mut bytes: &[u8], now: tokio::time::Instant) {
+        while !bytes.is_empty() {
+            if self.payload_left > 0 {
+                let k = self.payload_left.min(bytes.len());
+                self.payload_left -= k;
+                bytes = &bytes[k..];
+                if self.payload_left == 0 {
+                    self.frame_done();
+                }
+                continue;
+            }
+            let k = (9 - self.head_len).min(bytes.len());
+            self.head[self.head_len..self.head_len + k].copy_from_slice(&bytes[..k]);
+            self.head_len += k;
+            bytes = &bytes[k..];
+            if self.head_len < 9 {
+                return;
+            }
+            self.head_len = 0;
+            let h = self.head;
+            let len = u32::from_be_bytes([0, h[0], h[1], h[2]]) as usize;
+            let (kind, flags) = (h[3], h[4]);
+            if matches!(kind, Self::HEADERS | Self::PUSH_PROMISE) && self.block_since.is_none() {
+                self.block_since = Some(now);
+            }
+            let in_block = matches!(
+                kind,
+                Self::HEADERS | Self::PUSH_PROMISE | Self::CONTINUATION
+            );
+            self.ends_block = in_block && flags & Self::END_HEADERS != 0;
+            self.payload_left = len;
+            if len == 0 {
+                self.frame_done();
+            }
+        }
+    }
+
+    fn frame_done(&mut self) {
+        if self.ends_block {
+            self.block_since = None;
+            self.ends_block = false;
+        }
+    }
+}
+
+/// Which timer is armed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Timer {
+    Head,
+    HeaderBlock,
+    ConnectionIdle,
+    StreamIdle,
+}
+
+impl Timer {
+    /// (error message, `aether_http_protocol_errors_total` reason)
+    fn describe(self) -> (&'static str, &'static str) {
+        match self {
+            Timer::Head => ("request head not complete in time", "head_timeout"),
+            Timer::HeaderBlock => (
+                "HTTP/2 header block not complete in time",
+                "header_block_timeout",
+            ),
+            Timer::ConnectionIdle => ("connection idle too long", "connection_idle"),
+            Timer::StreamIdle => ("request moved no bytes for too long", "stream_idle"),
+        }
+    }
+}
+
+/// The downstream timers and the HTTP/1 head limit hyper lacks (SPEC section 8):
+/// * a request head (or the HTTP/2 preface) must be complete within `head_read` of its first
+///   byte; which protocol the connection speaks comes from ALPN or the full preface;
+/// * an HTTP/2 header block must be complete within `header_block` of its HEADERS frame;
+/// * a connection with nothing in flight closes after `connection_idle` (hyper's own
+///   `header_read_timeout` would also run between keep-alive requests, closing pooled peer
+///   connections after 10 s);
+/// * an HTTP/1 request that moves no bytes either way for `stream_idle` ends its connection
+///   (HTTP/2 streams have the same timer on their bodies, `body::Metered`);
+/// * an HTTP/1 head over `H1_MAX_HEAD` is answered 431 `headers-too-large` here, before hyper
+///   buffers more (hyper's own limit would answer without `x-aether-error`).
 pub struct Timed<S> {
     inner: S,
     requests: std::sync::Arc<ConnRequests>,
-    deadline: Deadline,
+    listener: &'static str,
+    timers: Timers,
+    seen: Seen,
+    /// (finished requests, when) the next request's head began, and its bytes so far.
+    head_since: Option<(u64, tokio::time::Instant)>,
+    head_bytes: usize,
+    /// (finished requests, when) the connection fell idle.
+    idle_since: Option<(u64, tokio::time::Instant)>,
+    /// The last byte read or written.
+    last_io: tokio::time::Instant,
+    armed: Option<(Timer, tokio::time::Instant)>,
     sleep: std::pin::Pin<Box<tokio::time::Sleep>>,
-    /// None until the first bytes tell HTTP/1 from HTTP/2.
-    h2: Option<bool>,
-    head_timeout: Duration,
-    idle_timeout: Duration,
+    /// The 431 answer to an oversized HTTP/1 head, once there is one.
+    refusal: Option<Refusal>,
 }
 
 impl<S> Timed<S> {
-    pub fn new(inner: S, requests: std::sync::Arc<ConnRequests>) -> Timed<S> {
-        Timed::with_timeouts(
-            inner,
-            requests,
-            HEADER_READ_TIMEOUT,
-            DOWNSTREAM_IDLE_TIMEOUT,
-        )
-    }
-
-    pub fn with_timeouts(
+    pub fn new(
         inner: S,
         requests: std::sync::Arc<ConnRequests>,
-        head_timeout: Duration,
-        idle_timeout: Duration,
+        listener: &'static str,
+        wire: Wire,
+    ) -> Timed<S> {
+        Timed::with_timers(inner, requests, listener, wire, *timers())
+    }
+
+    pub fn with_timers(
+        inner: S,
+        requests: std::sync::Arc<ConnRequests>,
+        listener: &'static str,
+        wire: Wire,
+        timers: Timers,
     ) -> Timed<S> {
         Timed {
             inner,
             requests,
-            deadline: Deadline::None,
-            sleep: Box::pin(tokio::time::sleep(idle_timeout)),
-            h2: None,
-            head_timeout,
-            idle_timeout,
+            listener,
+            timers,
+            seen: match wire {
+                Wire::H1 => Seen::H1,
+                Wire::H2 | Wire::Sniff => Seen::Preface(0),
+            },
+            head_since: None,
+            head_bytes: 0,
+            idle_since: None,
+            last_io: tokio::time::Instant::now(),
+            armed: None,
+            sleep: Box::pin(tokio::time::sleep(timers.connection_idle)),
+            refusal: None,
         }
     }
 
-    fn arm(&mut self, d: Deadline, after: Duration) {
-        self.deadline = d;
-        self.sleep
-            .as_mut()
-            .reset(tokio::time::Instant::now() + after);
+    fn is_h2(&self) -> bool {
+        matches!(self.seen, Seen::H2(_))
+    }
+
+    /// Notes bytes that arrived: the preface, HTTP/2 frames, the HTTP/1 head's size.
+    fn arrived(&mut self, got: &[u8], between: bool, n: u64) {
+        let now = tokio::time::Instant::now();
+        self.last_io = now;
+        let mut rest = got;
+        if let Seen::Preface(matched) = self.seen {
+            let k = (PREFACE.len() - matched).min(rest.len());
+            if rest[..k] != PREFACE[matched..matched + k] {
+                self.seen = Seen::H1;
+            } else if matched + k == PREFACE.len() {
+                self.seen = Seen::H2(Frames::default());
+                rest = &rest[k..];
+            } else {
+                self.seen = Seen::Preface(matched + k);
+            }
+        }
+        if let Seen::H2(frames) = &mut self.seen {
+            frames.feed(rest, now);
+            return;
+        }
+        if between {
+            if !matches!(self.head_since, Some((m, _)) if m == n) {
+                self.head_since = Some((n, now));
+                self.head_bytes = 0;
+            }
+            self.head_bytes += got.len();
+        }
+    }
+
+    /// The timer that applies now, if any.
+    fn wanted(&mut self, between: bool, n: u64) -> Option<(Timer, tokio::time::Instant)> {
+        let t = self.timers;
+        if let Seen::H2(Frames {
+            block_since: Some(since),
+            ..
+        }) = self.seen
+        {
+            return Some((Timer::HeaderBlock, since + t.header_block));
+        }
+        if between {
+            if let Some((m, since)) = self.head_since {
+                if m == n && !self.is_h2() {
+                    return Some((Timer::Head, since + t.head_read));
+                }
+            }
+            let since = match self.idle_since {
+                Some((m, since)) if m == n => since,
+                _ => {
+                    let now = tokio::time::Instant::now();
+                    self.idle_since = Some((n, now));
+                    now
+                }
+            };
+            return Some((Timer::ConnectionIdle, since + t.connection_idle));
+        }
+        if self.is_h2() {
+            // Streams carry their own timers.
+            return None;
+        }
+        Some((Timer::StreamIdle, self.last_io + t.stream_idle))
+    }
+
+    /// Polls the timer that applies; an error once it ran out.
+    fn expired(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        between: bool,
+        n: u64,
+    ) -> Option<std::io::Error> {
+        use std::future::Future;
+        let want = self.wanted(between, n)?;
+        loop {
+            match self.armed {
+                // The same timer, pushed later by activity: let the armed one fire first and
+                // look again then, instead of re-arming on every read.
+                Some((kind, at)) if kind == want.0 && at <= want.1 => {}
+                _ => {
+                    self.armed = Some(want);
+                    self.sleep.as_mut().reset(want.1);
+                }
+            }
+            if self.sleep.as_mut().poll(cx).is_pending() {
+                return None;
+            }
+            if tokio::time::Instant::now() >= want.1 {
+                break;
+            }
+            self.armed = None;
+        }
+        let (what, reason) = want.0.describe();
+        crate::metrics::get().cut_off(self.listener, reason);
+        Some(std::io::Error::new(std::io::ErrorKind::TimedOut, what))
     }
 }
 
-impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Timed<S> {
+/// After the 431 for an oversized head, what the client still sends is read and dropped for up
+/// to this long or this much, so that closing with unread bytes (a TCP reset) does not destroy
+/// the answer before the client reads it.
+const LINGER: Duration = Duration::from_secs(2);
+const LINGER_BYTES: usize = 4 << 20;
+
+/// The answer to an oversized HTTP/1 head, on its way out.
+enum Refusal {
+    Writing(bytes::Bytes, usize),
+    Lingering(usize),
+}
+
+impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin> Timed<S> {
+    /// Writes the 431 answer for an oversized HTTP/1 head, reads what the client still sends
+    /// for a moment, then fails the read so that hyper closes the connection without answering
+    /// again.
+    fn poll_refusal(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        use std::future::Future;
+        use std::task::Poll;
+        let done = || {
+            Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "request head too large",
+            )))
+        };
+        loop {
+            match self.refusal.as_mut().expect("a refusal is under way") {
+                Refusal::Writing(answer, sent) => {
+                    while *sent < answer.len() {
+                        match std::pin::Pin::new(&mut self.inner).poll_write(cx, &answer[*sent..]) {
+                            Poll::Ready(Ok(0)) => return done(),
+                            Poll::Ready(Ok(k)) => *sent += k,
+                            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                            Poll::Pending => return Poll::Pending,
+                        }
+                    }
+                    std::task::ready!(std::pin::Pin::new(&mut self.inner).poll_flush(cx))?;
+                    self.refusal = Some(Refusal::Lingering(0));
+                    self.sleep
+                        .as_mut()
+                        .reset(tokio::time::Instant::now() + LINGER);
+                    self.armed = None;
+                }
+                Refusal::Lingering(dropped) => {
+                    let mut scratch = [0u8; 8192];
+                    let mut b = tokio::io::ReadBuf::new(&mut scratch);
+                    match std::pin::Pin::new(&mut self.inner).poll_read(cx, &mut b) {
+                        Poll::Ready(Ok(())) if !b.filled().is_empty() => {
+                            *dropped += b.filled().len();
+                            if *dropped >= LINGER_BYTES {
+                                return done();
+                            }
+                        }
+                        Poll::Ready(_) => return done(),
+                        Poll::Pending => {
+                            if self.sleep.as_mut().poll(cx).is_ready() {
+                                return done();
+                            }
+                            return Poll::Pending;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin> tokio::io::AsyncRead for Timed<S> {
     fn poll_read(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
-        use std::future::Future;
         use std::task::Poll;
         let this = &mut *self;
-        let before = buf.filled().len();
-        let r = std::pin::Pin::new(&mut this.inner).poll_read(cx, buf);
-        let (between, n) = this.requests.between();
-        if !between {
-            // Inside a request: its own timeouts apply, not ours.
-            this.deadline = Deadline::None;
-            return r;
+        if this.refusal.is_some() {
+            return this.poll_refusal(cx);
         }
-        match &r {
-            Poll::Ready(Ok(())) if buf.filled().len() > before => {
-                let got = &buf.filled()[before..];
-                if this.h2.is_none() {
-                    this.h2 = Some(got.starts_with(b"PRI "));
+        let (between, n) = this.requests.between();
+        // Bytes of an HTTP/1 head (or of what may still become the HTTP/2 preface).
+        let in_head = between && !this.is_h2();
+        let head_bytes = match this.head_since {
+            Some((m, _)) if m == n && in_head => this.head_bytes,
+            _ => 0,
+        };
+        if in_head && head_bytes >= H1_MAX_HEAD {
+            crate::metrics::get().cut_off(this.listener, "headers_too_large");
+            this.refusal = Some(Refusal::Writing(head_too_large_answer(), 0));
+            return this.poll_refusal(cx);
+        }
+        let before = buf.filled().len();
+        let r = if in_head && buf.remaining() > H1_MAX_HEAD - head_bytes {
+            // Never hand the codec more of a head than the limit.
+            let room = H1_MAX_HEAD - head_bytes;
+            let mut part = tokio::io::ReadBuf::new(buf.initialize_unfilled_to(room));
+            let r = std::pin::Pin::new(&mut this.inner).poll_read(cx, &mut part);
+            let k = part.filled().len();
+            buf.advance(k);
+            r
+        } else {
+            std::pin::Pin::new(&mut this.inner).poll_read(cx, buf)
+        };
+        match r {
+            Poll::Ready(Ok(())) => {
+                if buf.filled().len() > before {
+                    this.arrived(&buf.filled()[before..], between, n);
                 }
-                if this.h2 == Some(false) && this.deadline != Deadline::Head(n) {
-                    let t = this.head_timeout;
-                    this.arm(Deadline::Head(n), t);
-                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending => match this.expired(cx, between, n) {
+                Some(e) => Poll::Ready(Err(e)),
+                None => Poll::Pending,
+            },
+            r => r,
+        }
+    }
+}
+
+/// The 431 `headers-too-large` answer (SPEC section 7), written raw: hyper never parsed the
+/// request.
+fn head_too_large_answer() -> bytes::Bytes {
+    let reason = super::answer::Reason::HeadersTooLarge;
+    let body = reason.body_line();
+    bytes::Bytes::from(format!(
+        "HTTP/1.1 431 Request Header Fields Too Large\r\n{}: {}\r\ncontent-type: text/plain\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        super::answer::X_AETHER_ERROR,
+        reason.as_str(),
+        body.len()
+    ))
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> Timed<S> {
+    /// Writes count as activity; a write that cannot go out (the peer reads nothing) runs the
+    /// HTTP/1 stream idle timer.
+    fn wrote(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        r: std::task::Poll<std::io::Result<usize>>,
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        use std::task::Poll;
+        match r {
+            Poll::Ready(Ok(k)) if k > 0 => {
+                self.last_io = tokio::time::Instant::now();
                 r
             }
             Poll::Pending => {
-                if !matches!(this.deadline, Deadline::Head(m) | Deadline::Idle(m) if m == n) {
-                    let t = this.idle_timeout;
-                    this.arm(Deadline::Idle(n), t);
+                let (between, n) = self.requests.between();
+                if between || self.is_h2() {
+                    return r;
                 }
-                if this.sleep.as_mut().poll(cx).is_ready() {
-                    let what = match this.deadline {
-                        Deadline::Head(_) => "request head not complete in time",
-                        _ => "connection idle too long",
-                    };
-                    return Poll::Ready(Err(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        what,
-                    )));
+                match self.expired(cx, between, n) {
+                    Some(e) => Poll::Ready(Err(e)),
+                    None => Poll::Pending,
                 }
-                r
             }
-            _ => r,
+            r => r,
         }
     }
 }
@@ -287,7 +646,8 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Timed<S> {
         cx: &mut std::task::Context<'_>,
         buf: &[u8],
     ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+        let r = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.wrote(cx, r)
     }
 
     fn poll_write_vectored(
@@ -295,7 +655,8 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Timed<S> {
         cx: &mut std::task::Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        let r = std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.wrote(cx, r)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -325,19 +686,39 @@ mod tests {
 
     const HEAD: Duration = Duration::from_millis(100);
     const IDLE: Duration = Duration::from_millis(400);
+    const BLOCK: Duration = Duration::from_millis(150);
+    const STREAM: Duration = Duration::from_millis(1000);
+
+    fn timed_with(
+        wire: Wire,
+        capacity: usize,
+    ) -> (
+        Timed<tokio::io::DuplexStream>,
+        tokio::io::DuplexStream,
+        Arc<ConnRequests>,
+    ) {
+        let (server, client) = tokio::io::duplex(capacity);
+        let requests = Arc::new(ConnRequests::default());
+        let timers = Timers {
+            head_read: HEAD,
+            header_block: BLOCK,
+            connection_idle: IDLE,
+            stream_idle: STREAM,
+            ..Timers::default()
+        };
+        (
+            Timed::with_timers(server, requests.clone(), "outbound", wire, timers),
+            client,
+            requests,
+        )
+    }
 
     fn timed() -> (
         Timed<tokio::io::DuplexStream>,
         tokio::io::DuplexStream,
         Arc<ConnRequests>,
     ) {
-        let (server, client) = tokio::io::duplex(1024);
-        let requests = Arc::new(ConnRequests::default());
-        (
-            Timed::with_timeouts(server, requests.clone(), HEAD, IDLE),
-            client,
-            requests,
-        )
+        timed_with(Wire::Sniff, 1024)
     }
 
     /// Reads until an error; returns how long that took.
@@ -388,7 +769,7 @@ mod tests {
         let _ = io.read(&mut buf).await.unwrap();
         // The head is complete: the service has the request for longer than both timeouts.
         let open = requests.start();
-        let waited = tokio::time::timeout(IDLE + HEAD, io.read(&mut buf)).await;
+        let waited = tokio::time::timeout(STREAM / 2, io.read(&mut buf)).await;
         assert!(
             waited.is_err(),
             "a request in progress must not be timed out"
@@ -410,6 +791,104 @@ mod tests {
         let (took, e) = time_to_error(&mut io).await;
         assert!(e.to_string().contains("idle"), "{e}");
         assert!(took >= IDLE - Duration::from_millis(20), "took {took:?}");
+    }
+
+    #[tokio::test]
+    async fn a_partial_preface_is_a_head_and_gets_the_head_timer() {
+        // Four bytes that look like HTTP/2 are not the preface: a slow client cannot dodge the
+        // head timer with them.
+        let (mut io, mut client, _) = timed();
+        client.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+        let (took, e) = time_to_error(&mut io).await;
+        assert!(e.to_string().contains("request head"), "{e}");
+        assert!(took < IDLE, "took {took:?}");
+    }
+
+    #[tokio::test]
+    async fn alpn_http1_is_timed_as_http1_whatever_the_bytes() {
+        let (mut io, mut client, _) = timed_with(Wire::H1, 1024);
+        client
+            .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            .await
+            .unwrap();
+        let (took, e) = time_to_error(&mut io).await;
+        assert!(e.to_string().contains("request head"), "{e}");
+        assert!(took < IDLE, "took {took:?}");
+    }
+
+    /// An HTTP/2 frame header.
+    fn frame(len: usize, kind: u8, flags: u8, stream: u32) -> Vec<u8> {
+        let mut f = (len as u32).to_be_bytes()[1..].to_vec();
+        f.extend([kind, flags]);
+        f.extend(stream.to_be_bytes());
+        f
+    }
+
+    #[tokio::test]
+    async fn an_h2_header_block_must_complete_in_time() {
+        let (mut io, mut client, _) = timed_with(Wire::H2, 1024);
+        let mut bytes = PREFACE.to_vec();
+        bytes.extend(frame(0, 0x4, 0, 0)); // SETTINGS
+        bytes.extend(frame(3, 0x1, 0, 1)); // HEADERS without END_HEADERS
+        bytes.extend([0x82, 0x86, 0x84]);
+        bytes.extend(frame(1, 0x9, 0, 1)); // CONTINUATION without END_HEADERS
+        bytes.push(0x41);
+        client.write_all(&bytes).await.unwrap();
+        let (took, e) = time_to_error(&mut io).await;
+        assert!(e.to_string().contains("header block"), "{e}");
+        assert!(took < IDLE, "took {took:?}");
+    }
+
+    #[tokio::test]
+    async fn a_complete_h2_header_block_stops_the_block_timer() {
+        let (mut io, mut client, _) = timed_with(Wire::H2, 1024);
+        let mut bytes = PREFACE.to_vec();
+        bytes.extend(frame(3, 0x1, 0, 1));
+        bytes.extend([0x82, 0x86, 0x84]);
+        bytes.extend(frame(0, 0x9, 0x4, 1)); // CONTINUATION with END_HEADERS
+        client.write_all(&bytes).await.unwrap();
+        let (took, e) = time_to_error(&mut io).await;
+        assert!(e.to_string().contains("idle"), "{e}");
+        assert!(took >= IDLE - Duration::from_millis(20), "took {took:?}");
+    }
+
+    #[tokio::test]
+    async fn a_head_over_the_limit_is_answered_431_before_the_codec_sees_it_all() {
+        let (mut io, mut client, _) = timed_with(Wire::H1, 512 << 10);
+        let mut head = b"GET / HTTP/1.1\r\nx-big: ".to_vec();
+        head.resize(H1_MAX_HEAD + 4096, b'a');
+        client.write_all(&head).await.unwrap();
+        let mut handed = 0;
+        let mut buf = vec![0u8; 200 << 10];
+        let e = loop {
+            match io.read(&mut buf).await {
+                Ok(0) => panic!("unexpected EOF"),
+                Ok(k) => handed += k,
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{e}");
+        assert_eq!(handed, H1_MAX_HEAD, "the codec got more than the limit");
+        let mut answer = vec![0u8; 1024];
+        let k = client.read(&mut answer).await.unwrap();
+        let answer = String::from_utf8_lossy(&answer[..k]);
+        assert!(answer.starts_with("HTTP/1.1 431 "), "{answer}");
+        assert!(
+            answer.contains("x-aether-error: headers-too-large"),
+            "{answer}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_http1_request_that_moves_no_bytes_times_out() {
+        let (mut io, mut client, requests) = timed_with(Wire::H1, 1024);
+        client.write_all(b"POST / HTTP/1.1\r\n\r\n").await.unwrap();
+        let mut buf = [0u8; 64];
+        let _ = io.read(&mut buf).await.unwrap();
+        let _open = requests.start();
+        let (took, e) = time_to_error(&mut io).await;
+        assert!(e.to_string().contains("no bytes"), "{e}");
+        assert!(took >= STREAM - Duration::from_millis(20), "took {took:?}");
     }
 
     #[test]

@@ -18,9 +18,9 @@ use super::peer::{Peer, TlsStream};
 use crate::accesslog::{self, Decided, RequestLog};
 use crate::drain::{Drain, Phase};
 use crate::http::answer::Reason;
-use crate::http::body::{Metered, ReqBody, RespBody};
+use crate::http::body::{Activity, Metered, ReqBody, RespBody};
 use crate::http::headers;
-use crate::http::server::{serve_until_drained, ConnRequests, RequestOpen, Servers, Timed};
+use crate::http::server::{serve_until_drained, ConnRequests, RequestOpen, Servers, Timed, Wire};
 use crate::identity::SpiffeId;
 use crate::metrics::Direction;
 use crate::outbound::pool::{self, Conn, Pool, SendError, StreamGuard};
@@ -63,13 +63,22 @@ impl HttpChains {
                 async move { Ok::<_, Infallible>(this.request(req, &conn, open).await) }
             })
         };
-        let io = TokioIo::new(Timed::new(tls, requests.clone()));
+        let wire = match codec {
+            HttpCodec::H2 => Wire::H2,
+            HttpCodec::H1 => Wire::H1,
+            HttpCodec::Sniff => Wire::Sniff,
+        };
+        let io = TokioIo::new(Timed::new(tls, requests.clone(), "inbound", wire));
         let s = &self.servers;
         let result = match codec {
-            HttpCodec::H2 => serve_until_drained!(s.h2.serve_connection(io, svc), drain, requests),
-            HttpCodec::H1 => serve_until_drained!(s.h1.serve_connection(io, svc), drain, requests),
+            HttpCodec::H2 => {
+                serve_until_drained!(s.h2.serve_connection(io, svc), drain, requests, "inbound")
+            }
+            HttpCodec::H1 => {
+                serve_until_drained!(s.h1.serve_connection(io, svc), drain, requests, "inbound")
+            }
             HttpCodec::Sniff => {
-                serve_until_drained!(s.auto.serve_connection(io, svc), drain, requests)
+                serve_until_drained!(s.auto.serve_connection(io, svc), drain, requests, "inbound")
             }
         };
         if let Err(e) = result {
@@ -113,12 +122,25 @@ impl HttpChains {
             request_id,
             Some(conn.peer.spiffe_id.clone()),
         );
-        let req = req.map(|b| Metered::new(b, log.received.clone()));
-        let (mut resp, reason, stream) =
-            match self.forward(req, conn, &log.authority, oversized).await {
-                Ok((resp, stream)) => (resp.map(Either::Left), None, stream),
-                Err(reason) => (reason.response(), Some(reason), None),
-            };
+        let timers = crate::http::limits::timers();
+        let activity = Activity::new();
+        let req =
+            req.map(|b| Metered::new(b, log.received.clone()).guarded("inbound", activity.clone()));
+        // The app must start its answer in time (SPEC section 8), the request body's upload
+        // included.
+        let forwarded = tokio::time::timeout(
+            timers.first_byte,
+            self.forward(req, conn, &log.authority, oversized),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            crate::metrics::get().cut_off("inbound", "first_byte_timeout");
+            Err(Reason::UpstreamTimeout)
+        });
+        let (mut resp, reason, stream) = match forwarded {
+            Ok((resp, stream)) => (resp.map(Either::Left), None, stream),
+            Err(reason) => (reason.response(), Some(reason), None),
+        };
         if self.drain.phase() >= Phase::Closing {
             // HTTP/1.1 peers learn to reconnect elsewhere; hyper drops it on h2.
             resp.headers_mut()
@@ -131,7 +153,10 @@ impl HttpChains {
             service: self.service_label.clone(),
             port: conn.chain.port,
         };
-        accesslog::finish_with(resp, log, decided, (stream, open.answered()))
+        accesslog::finish_with(resp, log, decided, (stream, open.answered())).map(|b| {
+            b.guarded("inbound", activity)
+                .idle_timeout(timers.stream_idle)
+        })
     }
 
     async fn forward(
@@ -185,7 +210,7 @@ impl HttpChains {
                 tracing::debug!(port, "inbound: app port did not answer: {e}");
                 Reason::AppUnavailable
             })?;
-        let _ = tcp.set_nodelay(true);
+        crate::sockets::tune(&tcp);
         let io = TokioIo::new(tcp);
         if h2 {
             let s = pool::handshake_h2(io, ()).await.map_err(|e| {

@@ -32,8 +32,11 @@ use http::HttpChains;
 use peer::Peer;
 use prefixed::Prefixed;
 
-/// How long a client may take to send its ClientHello (slow or silent clients are cut off).
-pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client may take to send its ClientHello (slow or silent clients are cut off):
+/// the header read timeout (`Timers::head_read`, 10 s).
+fn hello_timeout() -> Duration {
+    crate::http::limits::timers().head_read
+}
 /// How long the rest of the handshake may take.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -96,7 +99,7 @@ impl Inbound {
 
     async fn connection(self: Arc<Self>, tcp: TcpStream, addr: SocketAddr) {
         let _active = metrics::ActiveConnection::new("inbound");
-        let _ = tcp.set_nodelay(true);
+        crate::sockets::tune(&tcp);
         let mut pending = self.handshakes.enter();
         let accepted = tokio::select! {
             a = self.handshake(tcp, addr) => a,
@@ -134,7 +137,7 @@ impl Inbound {
         addr: SocketAddr,
     ) -> Option<(tokio_boring::SslStream<Prefixed<TcpStream>>, chain::Chain)> {
         let mut buf = BytesMut::with_capacity(2048);
-        let hello = match clienthello::read(&mut tcp, &mut buf, HELLO_TIMEOUT).await {
+        let hello = match clienthello::read(&mut tcp, &mut buf, hello_timeout()).await {
             Ok(h) => h,
             Err(e) => {
                 tracing::debug!(%addr, "inbound: no usable ClientHello: {e}");

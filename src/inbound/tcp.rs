@@ -25,10 +25,11 @@ pub async fn forward(app_host: IpAddr, chain: &Chain, peer: &Peer, mut tls: TlsS
             return;
         }
     };
-    let _ = app.set_nodelay(true);
-    // copy_bidirectional shuts down each write side when the other side's read ends, so a
-    // half-closed peer still gets the app's remaining answer.
-    match tokio::io::copy_bidirectional(&mut tls, &mut app).await {
+    crate::sockets::tune(&app);
+    // Each write side is shut down when the other side's read ends, so a half-closed peer
+    // still gets the app's remaining answer.
+    let idle = crate::http::limits::timers().tunnel_idle;
+    match crate::sockets::splice(&mut tls, &mut app, idle, "inbound").await {
         Ok((up, down)) => tracing::debug!(port = chain.port, up, down, "inbound tcp done"),
         Err(e) => tracing::debug!(port = chain.port, "inbound tcp ended: {e}"),
     }

@@ -98,7 +98,7 @@ pub async fn connect(
         let tcp = TcpStream::connect(addr)
             .await
             .map_err(|source| ConnectError::Tcp { addr, source })?;
-        let _ = tcp.set_nodelay(true);
+        crate::sockets::tune(&tcp);
         let mut cfg = client.ctx.configure().map_err(ConnectError::Setup)?;
         let key = (addr, port);
         cfg.set_ex_data(session_key_index(), key);

@@ -30,9 +30,9 @@ use crate::catalog::{CatalogStore, PortProtocol};
 use crate::config::{Config, Locality};
 use crate::drain::{accept_until_closing, Drain, Phase, Tracker};
 use crate::http::answer::{Body, Reason};
-use crate::http::body::{Metered, ReqBody, RespBody};
+use crate::http::body::{Activity, Metered, ReqBody, RespBody};
 use crate::http::headers;
-use crate::http::server::{serve_until_drained, ConnRequests, RequestOpen, Servers, Timed};
+use crate::http::server::{serve_until_drained, ConnRequests, RequestOpen, Servers, Timed, Wire};
 use crate::identity::IdentityStore;
 use crate::metrics::{self, Direction};
 use cluster::{ActiveGuard, Admitted, Cluster, Clusters};
@@ -134,7 +134,7 @@ impl Outbound {
 
     async fn connection(self: Arc<Self>, tcp: TcpStream, addr: SocketAddr) {
         let _active = metrics::ActiveConnection::new("outbound");
-        let _ = tcp.set_nodelay(true);
+        crate::sockets::tune(&tcp);
         let src = addr.ip();
         let drain = self.drain.clone();
         let requests = Arc::new(ConnRequests::default());
@@ -147,11 +147,12 @@ impl Outbound {
                 async move { Ok::<_, Infallible>(this.request(req, src, open).await) }
             })
         };
-        let io = TokioIo::new(Timed::new(tcp, requests.clone()));
+        let io = TokioIo::new(Timed::new(tcp, requests.clone(), "outbound", Wire::Sniff));
         let r = serve_until_drained!(
             self.servers.auto.serve_connection_with_upgrades(io, svc),
             drain,
-            requests
+            requests,
+            "outbound"
         );
         if let Err(e) = r {
             tracing::debug!(%addr, "outbound connection ended: {e}");
@@ -181,7 +182,9 @@ impl Outbound {
         }
         .to_string();
         let log = RequestLog::new(Direction::outbound, &req, authority, request_id, None);
-        let req = req.map(|b| Metered::new(b, log.received.clone()));
+        let activity = Activity::new();
+        let req = req
+            .map(|b| Metered::new(b, log.received.clone()).guarded("outbound", activity.clone()));
         // A CONNECT tunnel takes the request's place on the connection for its whole life.
         let mut open = Some(open);
         let mut out = if oversized {
@@ -201,12 +204,14 @@ impl Outbound {
             service: out.service.unwrap_or_default(),
             port: out.port,
         };
+        let stream_idle = crate::http::limits::timers().stream_idle;
         accesslog::finish_with(
             out.resp,
             log,
             decided,
             (out.inflight, out.admitted, open.map(RequestOpen::answered)),
         )
+        .map(|b| b.guarded("outbound", activity).idle_timeout(stream_idle))
     }
 
     /// The addressing table (SPEC section 1): authority -> cluster, then HTTP or tunnel.

@@ -17,8 +17,8 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use crate::http::body::ReqBody;
 use crate::http::limits::{
-    H2_CONNECTION_WINDOW, H2_KEEPALIVE, H2_MAX_FRAME, H2_STREAM_WINDOW,
-    UPSTREAM_IDLE_TIMEOUT as IDLE_TIMEOUT,
+    H2_CONNECTION_WINDOW, H2_KEEPALIVE, H2_MAX_FRAME, H2_MAX_HEADER_LIST, H2_STREAM_WINDOW,
+    HYPER_MAX_BUF, UPSTREAM_IDLE_TIMEOUT as IDLE_TIMEOUT,
 };
 
 pub type H1 = http1::SendRequest<ReqBody>;
@@ -274,7 +274,11 @@ where
     T: Read + Write + Unpin + Send + 'static,
     G: Send + 'static,
 {
-    let (send, conn) = http1::Builder::new().handshake(io).await?;
+    // Response heads are bounded like request heads (SPEC section 8).
+    let (send, conn) = http1::Builder::new()
+        .max_buf_size(HYPER_MAX_BUF)
+        .handshake(io)
+        .await?;
     tokio::spawn(async move {
         if let Err(e) = conn.await {
             tracing::debug!("upstream h1 connection ended: {e}");
@@ -296,6 +300,7 @@ where
         .initial_stream_window_size(H2_STREAM_WINDOW)
         .initial_connection_window_size(H2_CONNECTION_WINDOW)
         .max_frame_size(H2_MAX_FRAME)
+        .max_header_list_size(H2_MAX_HEADER_LIST)
         .keep_alive_interval(H2_KEEPALIVE)
         .keep_alive_while_idle(false)
         .handshake(io)

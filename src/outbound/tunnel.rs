@@ -46,7 +46,8 @@ pub fn splice<G: Send + 'static>(upgrade: OnUpgrade, mut tls: UpstreamTls, name:
         match upgrade.await {
             Ok(up) => {
                 let mut up = TokioIo::new(up);
-                match tokio::io::copy_bidirectional(&mut up, &mut tls).await {
+                let idle = crate::http::limits::timers().tunnel_idle;
+                match crate::sockets::splice(&mut up, &mut tls, idle, "outbound").await {
                     Ok((a, b)) => {
                         tracing::debug!(cluster = %name, up = a, down = b, "tunnel done")
                     }

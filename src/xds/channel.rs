@@ -96,7 +96,7 @@ async fn mtls(
     target: &str,
 ) -> io::Result<tokio_boring::SslStream<tokio::net::TcpStream>> {
     let tcp = tokio::net::TcpStream::connect(target).await?;
-    let _ = tcp.set_nodelay(true);
+    crate::sockets::tune(&tcp);
     let contexts = identity.current();
     let mut cfg = contexts
         .connector_for(None)
