@@ -262,6 +262,19 @@ fn route(i: usize, r: RawRoute, err: &mut impl FnMut(String, String)) -> Option<
             err(format!(".routes[{i}].split"), "weights add up to 0".into());
             return None;
         }
+        // The roll that picks a subset is a u32: a larger total could not be split fairly.
+        (None, false)
+            if r.split
+                .iter()
+                .try_fold(0u32, |sum, w| sum.checked_add(w.weight))
+                .is_none() =>
+        {
+            err(
+                format!(".routes[{i}].split"),
+                "weights add up to more than 2^32-1".into(),
+            );
+            return None;
+        }
         (None, false) => RouteTarget::Split(
             r.split
                 .into_iter()
