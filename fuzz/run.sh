@@ -53,7 +53,7 @@ for t in "${targets[@]}"; do
   "${cargo[@]}" fuzz run "${build[@]}" "$t" "$scratch/$t" "corpus/$t" -- \
     -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len="$max_len" \
     -print_final_stats=1 >"$scratch/$t.log" 2>&1 || rc=$?
-  grep -E '^(#[0-9]+ +DONE|stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb))' \
+  grep -E '^(#[0-9]+[[:space:]]+DONE|stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb))' \
     "$scratch/$t.log" || true
   if [ "$rc" -ne 0 ]; then
     tail -n 60 "$scratch/$t.log" >&2
