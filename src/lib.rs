@@ -14,6 +14,8 @@ pub mod catalog;
 pub mod config;
 pub mod demo;
 pub mod drain;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod http;
 pub mod identity;
 pub mod inbound;

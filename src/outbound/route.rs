@@ -326,6 +326,38 @@ services:
     }
 
     #[test]
+    fn split_weights_cannot_overflow() {
+        // Found by the authority_route fuzz target: two weights whose sum overflows a u32.
+        let routes = serde_json::json!([{ "split": [
+            { "subset": { "version": "v1" }, "weight": u32::MAX },
+            { "subset": { "version": "v2" }, "weight": 1 }
+        ] }]);
+        let (field, reason) = crate::catalog::file::parse_routes(routes).unwrap_err();
+        assert_eq!(field, "[0].split");
+        assert_eq!(reason, "weights add up to more than 2^32-1");
+
+        // A model that holds such weights anyway routes without a panic.
+        let mut svc = (*catalog().services["payments"]).clone();
+        svc.routes = vec![crate::catalog::Route {
+            matches: None,
+            target: RouteTarget::Split(vec![
+                crate::catalog::WeightedSubset {
+                    subset: Labels::from([("version".into(), "v1".into())]),
+                    weight: u32::MAX,
+                },
+                crate::catalog::WeightedSubset {
+                    subset: Labels::from([("version".into(), "v2".into())]),
+                    weight: u32::MAX,
+                },
+            ]),
+        }];
+        let pick = |roll| choose_subset(&svc, &HeaderMap::new(), roll).unwrap()["version"].clone();
+        assert_eq!(pick(0), "v1");
+        assert_eq!(pick(u32::MAX - 1), "v1");
+        assert_eq!(pick(u32::MAX), "v2");
+    }
+
+    #[test]
     fn subsets_by_header_then_split() {
         let c = catalog();
         let svc = &c.services["payments"];

@@ -25,7 +25,7 @@ pub const WORKLOAD: &str = "default";
 pub const ROOT_CA: &str = "ROOTCA";
 
 /// What one secret carried.
-enum Pushed {
+pub(crate) enum Pushed {
     Workload { cert: Vec<u8>, key: Vec<u8> },
     RootCa(Vec<u8>),
 }
@@ -190,7 +190,12 @@ fn decode(name: &str, resp: &DiscoveryResponse) -> Result<Pushed, String> {
         .iter()
         .find(|a| a.type_url == SECRET_TYPE)
         .ok_or("no Secret in the response")?;
-    let secret = Secret::decode(any.value.as_slice()).map_err(|e| format!("cannot decode: {e}"))?;
+    decode_secret(name, &any.value)
+}
+
+/// One encoded Secret, checked against the name it was asked for.
+pub(crate) fn decode_secret(name: &str, value: &[u8]) -> Result<Pushed, String> {
+    let secret = Secret::decode(value).map_err(|e| format!("cannot decode: {e}"))?;
     if !secret.name.is_empty() && secret.name != name {
         return Err(format!("asked for {name:?}, got {:?}", secret.name));
     }
@@ -214,7 +219,80 @@ fn bytes(d: Option<&DataSource>, field: &str) -> Result<Vec<u8>, String> {
     match d.and_then(|d| d.specifier.as_ref()) {
         Some(Specifier::InlineBytes(b)) => Ok(b.clone()),
         Some(Specifier::InlineString(s)) => Ok(s.clone().into_bytes()),
-        Some(Specifier::Filename(f)) => std::fs::read(f).map_err(|e| format!("{field}: {f}: {e}")),
+        Some(Specifier::Filename(f)) => {
+            read_secret_file(f).map_err(|e| format!("{field}: {f}: {e}"))
+        }
         _ => Err(format!("{field}: missing")),
+    }
+}
+
+/// Largest secret file read: PEM chains and bundles are kilobytes. A pushed path to a device,
+/// a FIFO or a huge file must neither exhaust memory nor block the stream.
+const MAX_SECRET_FILE: u64 = 1 << 20;
+
+fn read_secret_file(path: &str) -> std::io::Result<Vec<u8>> {
+    use std::io::{Error, ErrorKind, Read};
+    use std::os::unix::fs::OpenOptionsExt;
+    // Non-blocking open: opening a FIFO for reading would otherwise wait for a writer.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(Error::new(ErrorKind::InvalidInput, "not a regular file"));
+    }
+    let mut out = Vec::new();
+    file.take(MAX_SECRET_FILE + 1).read_to_end(&mut out)?;
+    if out.len() as u64 > MAX_SECRET_FILE {
+        return Err(Error::new(
+            ErrorKind::InvalidData,
+            format!("larger than {MAX_SECRET_FILE} bytes"),
+        ));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::CertificateValidationContext;
+
+    fn root_ca_from_file(path: &str) -> Result<Pushed, String> {
+        let secret = Secret {
+            name: ROOT_CA.into(),
+            r#type: Some(secret::Type::ValidationContext(
+                CertificateValidationContext {
+                    trusted_ca: Some(DataSource {
+                        specifier: Some(Specifier::Filename(path.into())),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            )),
+        };
+        decode_secret(ROOT_CA, &secret.encode_to_vec())
+    }
+
+    #[test]
+    fn secret_files_are_bounded_regular_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let small = dir.path().join("ca.pem");
+        std::fs::write(&small, b"-----BEGIN CERTIFICATE-----\n").unwrap();
+        match root_ca_from_file(small.to_str().unwrap()) {
+            Ok(Pushed::RootCa(pem)) => assert_eq!(pem, b"-----BEGIN CERTIFICATE-----\n"),
+            _ => panic!("a small regular file is read"),
+        }
+        let big = dir.path().join("big.pem");
+        std::fs::write(&big, vec![b'a'; MAX_SECRET_FILE as usize + 1]).unwrap();
+        let err = root_ca_from_file(big.to_str().unwrap()).err().unwrap();
+        assert!(err.contains("larger than"), "{err}");
+        // A device that never ends, and a FIFO with no writer (would block forever).
+        let err = root_ca_from_file("/dev/zero").err().unwrap();
+        assert!(err.contains("not a regular file"), "{err}");
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let err = root_ca_from_file(fifo.to_str().unwrap()).err().unwrap();
+        assert!(err.contains("not a regular file"), "{err}");
     }
 }
