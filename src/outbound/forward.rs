@@ -72,7 +72,7 @@ async fn attempts(
                 // connection it can share, or failed.
                 match up.pool.get(&key, max_uses) {
                     Some(c) => c,
-                    None if turn.waited_for_a_failure() => {
+                    None if turn.as_ref().is_some_and(|t| t.waited_for_a_failure()) => {
                         if !tries.skip(&ep, Reason::UpstreamConnectFailure) {
                             break;
                         }
@@ -81,10 +81,16 @@ async fn attempts(
                     // Boxed: the dial is the rare path, and its TLS machinery would otherwise
                     // be part of (and copied with) every request's future.
                     None => match Box::pin(up.connect_http(&key, cluster)).await {
-                        Ok(c) => c,
+                        Ok(c) => {
+                            let shared = matches!(c, Conn::H2(..)) && max_uses != 1;
+                            up.pool.dialled(&key, shared);
+                            c
+                        }
                         Err(ConnectError::Overflow) => return Err(Reason::Overflow),
                         Err(e) => {
-                            turn.failed();
+                            if let Some(t) = turn.as_mut() {
+                                t.failed();
+                            }
                             tracing::info!(cluster = %cluster.name, endpoint = %ep.address, "upstream connect failed: {e}");
                             if !tries.failed(&ep, e.reason()) {
                                 break;

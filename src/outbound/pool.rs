@@ -60,6 +60,10 @@ struct Slot {
     h1: Vec<(H1, Instant, u32)>,
     /// Whose turn it is to dial this key (one connect in flight per key).
     dialer: Arc<tokio::sync::Mutex<LastDial>>,
+    /// The last connection dialled for this key could not be shared (HTTP/1.1, or one request
+    /// per connection): waiting for another request's dial would gain nothing, so requests
+    /// dial without taking turns.
+    unshared: bool,
 }
 
 impl Slot {
@@ -139,17 +143,28 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
         None
     }
 
-    /// Waits for the turn to dial `key`.
-    pub async fn dial_turn(&self, key: &K) -> DialTurn {
+    /// Waits for the turn to dial `key`; `None` when this key's connections are not shared
+    /// (the request dials at once).
+    pub async fn dial_turn(&self, key: &K) -> Option<DialTurn> {
         let dialer = {
             let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
-            map.entry(key.clone()).or_default().dialer.clone()
+            let slot = map.entry(key.clone()).or_default();
+            if slot.unshared {
+                return None;
+            }
+            slot.dialer.clone()
         };
         let since = Instant::now();
-        DialTurn {
+        Some(DialTurn {
             last: dialer.lock_owned().await,
             since,
-        }
+        })
+    }
+
+    /// Records whether the connection just dialled for `key` serves other requests too.
+    pub fn dialled(&self, key: &K, shared: bool) {
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        map.entry(key.clone()).or_default().unshared = !shared;
     }
 
     /// Shares a new HTTP/2 connection for later requests; the caller's request is its first
