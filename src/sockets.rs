@@ -3,8 +3,6 @@
 //! and CONNECT tunnels, which end once no byte moves either way for `Timers::tunnel_idle`.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -12,6 +10,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use crate::http::body::Activity;
 use crate::http::limits::{KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES};
 
 /// Turns TCP keepalive on (see `limits::KEEPALIVE_IDLE`); also sets `TCP_NODELAY`, which every
@@ -40,27 +39,23 @@ where
     A: AsyncRead + AsyncWrite + Unpin + ?Sized,
     B: AsyncRead + AsyncWrite + Unpin + ?Sized,
 {
-    let start = Instant::now();
-    let last = Arc::new(AtomicU64::new(0));
+    let activity = Activity::new();
     let mut a = Touch {
         inner: a,
-        start,
-        last: last.clone(),
+        activity: activity.clone(),
     };
     let mut b = Touch {
         inner: b,
-        start,
-        last: last.clone(),
+        activity: activity.clone(),
     };
     let copy = tokio::io::copy_bidirectional(&mut a, &mut b);
     tokio::pin!(copy);
     loop {
-        let deadline = start + Duration::from_millis(last.load(Ordering::Relaxed)) + idle;
+        let deadline = activity.last() + idle;
         tokio::select! {
             r = &mut copy => return r,
             _ = tokio::time::sleep_until(deadline) => {
-                let moved = start + Duration::from_millis(last.load(Ordering::Relaxed));
-                if moved + idle <= Instant::now() {
+                if activity.last() + idle <= Instant::now() {
                     crate::metrics::get().cut_off(listener, "tunnel_idle");
                     return Err(std::io::Error::new(
                         std::io::ErrorKind::TimedOut,
@@ -72,19 +67,10 @@ where
     }
 }
 
-/// A stream that notes when bytes last moved through it.
+/// A stream that notes on `activity` when bytes move through it.
 struct Touch<'a, S: ?Sized> {
     inner: &'a mut S,
-    start: Instant,
-    /// Milliseconds after `start`.
-    last: Arc<AtomicU64>,
-}
-
-impl<S: ?Sized> Touch<'_, S> {
-    fn touch(&self) {
-        let ms = self.start.elapsed().as_millis() as u64;
-        self.last.fetch_max(ms, Ordering::Relaxed);
-    }
+    activity: Activity,
 }
 
 impl<S: AsyncRead + Unpin + ?Sized> AsyncRead for Touch<'_, S> {
@@ -96,7 +82,7 @@ impl<S: AsyncRead + Unpin + ?Sized> AsyncRead for Touch<'_, S> {
         let before = buf.filled().len();
         let r = Pin::new(&mut *self.inner).poll_read(cx, buf);
         if buf.filled().len() > before {
-            self.touch();
+            self.activity.touch();
         }
         r
     }
@@ -110,7 +96,7 @@ impl<S: AsyncWrite + Unpin + ?Sized> AsyncWrite for Touch<'_, S> {
     ) -> Poll<std::io::Result<usize>> {
         let r = Pin::new(&mut *self.inner).poll_write(cx, buf);
         if matches!(r, Poll::Ready(Ok(k)) if k > 0) {
-            self.touch();
+            self.activity.touch();
         }
         r
     }

@@ -19,7 +19,8 @@ pub type OnEnd = Box<dyn FnOnce(bool) + Send + Sync>;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// When bytes of one request last moved, either way: its request and response bodies share one.
+/// When bytes last moved, either way: a request's two bodies share one, and so do the two
+/// streams of a splice (`sockets::splice`).
 #[derive(Clone)]
 pub struct Activity {
     base: tokio::time::Instant,
@@ -35,12 +36,12 @@ impl Activity {
         }
     }
 
-    fn touch(&self) {
+    pub fn touch(&self) {
         let ms = self.base.elapsed().as_millis() as u64;
         self.last.fetch_max(ms, Ordering::Relaxed);
     }
 
-    fn last(&self) -> tokio::time::Instant {
+    pub fn last(&self) -> tokio::time::Instant {
         self.base + Duration::from_millis(self.last.load(Ordering::Relaxed))
     }
 }

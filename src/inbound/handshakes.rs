@@ -57,13 +57,10 @@ impl Handshakes {
         }
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         st.pending.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

@@ -7,7 +7,7 @@ use http::{Request, Response, Version};
 use hyper::body::Incoming;
 
 use super::cluster::{ActiveGuard, Cluster};
-use super::connect::{ConnectError, Upstream};
+use super::connect::{ConnectError, PoolKey, Upstream};
 use super::pool::{Conn, SendError, StreamGuard};
 use super::retry::{Tries, MAX_RETRIES};
 use super::route::choose_subset;
@@ -66,40 +66,22 @@ async fn attempts(
         let key = up.key(cluster, ep.address, h2_first, src);
         let conn = match up.pool.get(&key, max_uses) {
             Some(c) => c,
-            None => {
-                let mut turn = Box::pin(up.pool.dial_turn(&key)).await;
-                // While this request waited, the dial before it may have added an HTTP/2
-                // connection it can share, or failed.
-                match up.pool.get(&key, max_uses) {
-                    Some(c) => c,
-                    None if turn.as_ref().is_some_and(|t| t.waited_for_a_failure()) => {
-                        if !tries.skip(&ep, Reason::UpstreamConnectFailure) {
-                            break;
-                        }
-                        continue;
+            None => match dial(up, &key, cluster, max_uses).await {
+                Ok(c) => c,
+                Err(Dial::Overflow) => return Err(Reason::Overflow),
+                Err(Dial::Failed(reason)) => {
+                    if !tries.failed(&ep, reason) {
+                        break;
                     }
-                    // Boxed: the dial is the rare path, and its TLS machinery would otherwise
-                    // be part of (and copied with) every request's future.
-                    None => match Box::pin(up.connect_http(&key, cluster)).await {
-                        Ok(c) => {
-                            let shared = matches!(c, Conn::H2(..)) && max_uses != 1;
-                            up.pool.dialled(&key, shared);
-                            c
-                        }
-                        Err(ConnectError::Overflow) => return Err(Reason::Overflow),
-                        Err(e) => {
-                            if let Some(t) = turn.as_mut() {
-                                t.failed();
-                            }
-                            tracing::info!(cluster = %cluster.name, endpoint = %ep.address, "upstream connect failed: {e}");
-                            if !tries.failed(&ep, e.reason()) {
-                                break;
-                            }
-                            continue;
-                        }
-                    },
+                    continue;
                 }
-            }
+                Err(Dial::WaitedForAFailure) => {
+                    if !tries.skip(&ep, Reason::UpstreamConnectFailure) {
+                        break;
+                    }
+                    continue;
+                }
+            },
         };
         let mut r = req.take().expect("a request is present until sent");
         let to_h2 = matches!(conn, Conn::H2(..));
@@ -118,4 +100,49 @@ async fn attempts(
         }
     }
     Err(tries.last())
+}
+
+/// Why `dial` gave no connection.
+enum Dial {
+    /// The cluster's connection breaker is full.
+    Overflow,
+    /// This request's own dial failed (outlier detection counts it).
+    Failed(Reason),
+    /// The dial this request waited for failed; not dialled again.
+    WaitedForAFailure,
+}
+
+/// A connection for `key` when the pool had none: after its turn to dial (one dial per key in
+/// flight, unless the key's connections are not shared), from the pool if the dial before it
+/// left a shareable one, else a new one.
+async fn dial(
+    up: &Upstream,
+    key: &PoolKey,
+    cluster: &Cluster,
+    max_uses: u32,
+) -> Result<Conn, Dial> {
+    // Boxed, here and below: dialling is the rare path, and its machinery would otherwise be
+    // part of (and copied with) every request's future.
+    let mut turn = Box::pin(up.pool.dial_turn(key)).await;
+    if let Some(c) = up.pool.get(key, max_uses) {
+        return Ok(c);
+    }
+    if turn.as_ref().is_some_and(|t| t.waited_for_a_failure()) {
+        return Err(Dial::WaitedForAFailure);
+    }
+    match Box::pin(up.connect_http(key, cluster)).await {
+        Ok(c) => {
+            up.pool
+                .dialled(key, matches!(c, Conn::H2(..)) && max_uses != 1);
+            Ok(c)
+        }
+        Err(ConnectError::Overflow) => Err(Dial::Overflow),
+        Err(e) => {
+            if let Some(t) = turn.as_mut() {
+                t.failed();
+            }
+            tracing::info!(cluster = %cluster.name, endpoint = %key.endpoint, "upstream connect failed: {e}");
+            Err(Dial::Failed(e.reason()))
+        }
+    }
 }

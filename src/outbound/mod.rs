@@ -264,32 +264,32 @@ impl Outbound {
         &self,
         auth: &route::MeshAuthority<'_>,
     ) -> Result<(Arc<Cluster>, PortProtocol), Reason> {
-        match self.known_cluster(auth)? {
-            Some(found) => Ok(found),
+        match self.resolve(&self.catalog.load(), auth)? {
+            Ok(found) => Ok(found),
             // Rare (a first request via the control plane): boxed, so the waiting machinery does
             // not enlarge every request's future.
-            None => Box::pin(self.discover(auth)).await,
+            Err(_) => Box::pin(self.discover(auth)).await,
         }
     }
 
-    /// The cluster, when the catalog in use already knows the name; `None` when a source is
-    /// still to be asked.
-    fn known_cluster(
+    /// The cluster for `auth` in `catalog`; `Ok(Err(name))` when the catalog's source is still
+    /// to be asked for the cluster `name`.
+    fn resolve(
         &self,
+        catalog: &crate::catalog::Catalog,
         auth: &route::MeshAuthority<'_>,
-    ) -> Result<Option<(Arc<Cluster>, PortProtocol)>, Reason> {
-        let catalog = self.catalog.load();
-        match route::lookup(&catalog, auth, &self.mesh_domain) {
+    ) -> Result<Result<(Arc<Cluster>, PortProtocol), String>, Reason> {
+        match route::lookup(catalog, auth, &self.mesh_domain) {
             route::Lookup::Found(target) => {
                 target.service.touch(target.port);
                 let cluster = self
                     .clusters
-                    .get(&catalog, &target.service.name, target.port)
+                    .get(catalog, &target.service.name, target.port)
                     .ok_or(Reason::UnknownService)?;
-                Ok(Some((cluster, target.protocol)))
+                Ok(Ok((cluster, target.protocol)))
             }
             route::Lookup::Refused(r) => Err(r),
-            route::Lookup::Unknown { .. } => Ok(None),
+            route::Lookup::Unknown { cluster, .. } => Ok(Err(cluster)),
         }
     }
 
@@ -304,17 +304,9 @@ impl Outbound {
         loop {
             changes.borrow_and_update();
             let catalog = self.catalog.load();
-            let wanted = match route::lookup(&catalog, auth, &self.mesh_domain) {
-                route::Lookup::Found(target) => {
-                    target.service.touch(target.port);
-                    let cluster = self
-                        .clusters
-                        .get(&catalog, &target.service.name, target.port)
-                        .ok_or(Reason::UnknownService)?;
-                    return Ok((cluster, target.protocol));
-                }
-                route::Lookup::Refused(r) => return Err(r),
-                route::Lookup::Unknown { cluster, .. } => cluster,
+            let wanted = match self.resolve(&catalog, auth)? {
+                Ok(found) => return Ok(found),
+                Err(wanted) => wanted,
             };
             let timeout = catalog
                 .on_demand
