@@ -465,3 +465,57 @@ fn rss_kib(pid: u32) -> u64 {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .expect("VmRSS in /proc/<pid>/status")
 }
+
+/// Once a key's connections turn out not to be shareable (HTTP/1.1 callers, one request per
+/// connection), concurrent requests dial at once instead of taking turns: behind a relay that
+/// holds every new connection for 300 ms, five concurrent requests take about one delay, not
+/// five in a row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unshared_connections_are_dialled_in_parallel() {
+    let net = Net::fresh();
+    let (client_pod, p1) = (net.pod(0), net.pod(1));
+    let certs = certs();
+    let _app = HttpApp::auto(p1.app(8080)).await;
+    let _s1 = server_proxy(&certs, p1, "payments", &["{ port: 8080, protocol: auto }"]).await;
+    // The endpoint the catalog names is a relay on another address of the pod.
+    let relay_ip = p1.extra(3);
+    let relay = TcpListener::bind(SocketAddr::new(relay_ip, 15008))
+        .await
+        .unwrap();
+    let target = p1.inbound();
+    let relaying = tokio::spawn(async move {
+        while let Ok((mut down, _)) = relay.accept().await {
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                if let Ok(mut up) = TcpStream::connect(target).await {
+                    let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+                }
+            });
+        }
+    });
+    let cat = catalog(&[service(
+        "payments",
+        &certs.spiffe_id(PAYMENTS),
+        "    max_requests_per_connection: 1\n",
+        &[endpoint(relay_ip, &[8080])],
+    )]);
+    let _client = client_proxy(&certs, client_pod, &cat, "").await;
+    let out = client_pod.outbound();
+
+    // The first request learns that this key's connections are not shared.
+    assert_app_ok(&get_h1(out, SVC, "/first").await, 8080, "the first request");
+    let t = Instant::now();
+    let mut set = JoinSet::new();
+    for i in 0..5 {
+        set.spawn(async move { get_h1(out, SVC, &format!("/parallel-{i}")).await });
+    }
+    while let Some(r) = set.join_next().await {
+        assert_app_ok(&r.unwrap(), 8080, "a concurrent request");
+    }
+    let took = t.elapsed();
+    assert!(
+        took < Duration::from_millis(1200),
+        "five requests needing five connections took {took:?}: their dials took turns"
+    );
+    relaying.abort();
+}
