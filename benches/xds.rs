@@ -186,15 +186,6 @@ async fn wait_endpoints(p: &Proxy, want: usize, limit: Duration) {
     }
 }
 
-fn rss_kib(p: &Proxy) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", p.pid().unwrap())).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap()
-}
-
 /// 1,000 services with 10 endpoints each on ports 8080 and 9090; one request to each port of
 /// each subscribes both clusters. The endpoints are not there (the requests fail fast); what is
 /// measured is the proxy's memory holding the subscriptions.
@@ -212,7 +203,7 @@ async fn rss_of_subscriptions(certs: &Certs, id: &str) {
     let cp = ControlPlane::start(cp_listen(pod), fx).await;
     let client = xds_pod(certs, pod, &cp).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let idle = rss_kib(&client);
+    let idle = client.rss_kib();
     let out = pod.outbound();
     let mut c = h1_to(out).await;
     for s in 0..1000 {
@@ -234,7 +225,7 @@ async fn rss_of_subscriptions(certs: &Certs, id: &str) {
         .as_array()
         .map_or(0, Vec::len);
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let full = rss_kib(&client);
+    let full = client.rss_kib();
     println!(
         "1,000 services x 2 ports x 10 endpoints subscribed ({clusters} clusters): RSS {idle} KiB idle -> {full} KiB, +{:.1} MiB",
         (full.saturating_sub(idle)) as f64 / 1024.0

@@ -16,13 +16,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::inbound::*;
+use common::mesh::{FRONTEND, PAYMENTS, TD};
 use common::*;
 use http::StatusCode;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-
-const TD: &str = "aether.local";
-const PAYMENTS: &str = "default/payments";
-const FRONTEND: &str = "default/frontend";
 
 /// The header read timer (ClientHello, request head, HTTP/2 preface) and the HTTP/2 header
 /// block timer, shrunk from 10 s.
@@ -48,18 +46,11 @@ impl Pod {
         let certs = Certs::new(TD, &[PAYMENTS, FRONTEND]);
         let app8080 = HttpApp::auto(net.app(8080)).await;
         let app9090 = HttpApp::auto(net.app(9090)).await;
-        let config = format!(
-            "trust_domain: {TD}\n{}{}",
-            certs.identity_yaml("payments"),
-            net.listeners_yaml(
-                8080,
-                &[
-                    "{ port: 8080, protocol: auto }",
-                    "{ port: 9090, protocol: h2 }"
-                ]
-            ),
-        );
-        let proxy = Proxy::builder(&config, "services: {}\n")
+        let ports = [
+            "{ port: 8080, protocol: auto }",
+            "{ port: 9090, protocol: h2 }",
+        ];
+        let proxy = payments_sidecar(&certs, net, &ports)
             .env("AETHER_TEST_TIMERS", TIMERS)
             // Hundreds of attack connections: debug logs would only measure the logger.
             .env("RUST_LOG", "warn")
@@ -75,16 +66,11 @@ impl Pod {
     }
 
     fn client(&self, sni: &str, alpn: &[&str]) -> TlsClient {
-        TlsClient::with_identity(&self.certs, "frontend")
-            .sni(Some(sni))
-            .alpn(alpn)
+        frontend_peer(&self.certs, sni, alpn)
     }
 
     async fn tls(&self, client: &TlsClient) -> TlsStream {
-        client
-            .connect(self.net.inbound())
-            .await
-            .unwrap_or_else(|e| panic!("TLS connect failed: {e:?}"))
+        tls_to(client, self.net.inbound()).await
     }
 
     /// Requests the apps saw other than the well-behaved client's.
@@ -92,45 +78,6 @@ impl Pod {
         let mut seen = self.app8080.seen();
         seen.extend(self.app9090.seen());
         seen.iter().filter(|s| !s.uri.contains("/steady")).count()
-    }
-
-    fn rss_kib(&self) -> u64 {
-        let pid = self.proxy.pid().expect("the proxy runs");
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .expect("VmRSS in /proc/<pid>/status")
-    }
-
-    /// `aether_http_protocol_errors_total{listener="inbound",reason}`.
-    /// Polls the cut-off counter until it reaches `min` (the proxy counts a connection once
-    /// its task has ended, a moment after the client saw the end), or 5 s passed.
-    async fn cut_offs_at_least(&self, reason: &str, min: u64) -> u64 {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let n = self.cut_offs(reason).await;
-            if n >= min || Instant::now() >= deadline {
-                return n;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    async fn cut_offs(&self, reason: &str) -> u64 {
-        self.metric(&format!(
-            "aether_http_protocol_errors_total{{listener=\"inbound\",reason=\"{reason}\"}}"
-        ))
-        .await
-    }
-
-    async fn metric(&self, series: &str) -> u64 {
-        let text = self.proxy.admin_get("/metrics").await.unwrap().text();
-        text.lines()
-            .find_map(|l| l.strip_prefix(series))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .map_or(0, |v| v as u64)
     }
 }
 
@@ -143,21 +90,15 @@ struct RssWatch {
 
 impl RssWatch {
     fn start(pod: &Pod) -> RssWatch {
-        let before = pod.rss_kib();
+        let before = pod.proxy.rss_kib();
         let peak = Arc::new(AtomicU64::new(before));
         let stop = Arc::new(AtomicBool::new(false));
         let pid = pod.proxy.pid().unwrap();
         let (p, s) = (peak.clone(), stop.clone());
         std::thread::spawn(move || {
             while !s.load(Ordering::Relaxed) {
-                if let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
-                    if let Some(kib) = status
-                        .lines()
-                        .find_map(|l| l.strip_prefix("VmRSS:"))
-                        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-                    {
-                        p.fetch_max(kib, Ordering::Relaxed);
-                    }
+                if let Some(kib) = rss_kib_of(pid) {
+                    p.fetch_max(kib, Ordering::Relaxed);
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
@@ -339,9 +280,7 @@ async fn slowloris_is_cut_off_by_the_head_timer() {
         "slowloris connections held for {worst:?}"
     );
     assert!(start.elapsed() >= HEAD_READ - Duration::from_millis(500));
-    let counted = pod
-        .cut_offs_at_least("head_timeout", CONNECTIONS as u64)
-        .await;
+    let counted = cut_offs_at_least(&pod.proxy, "head_timeout", CONNECTIONS as u64).await;
     assert!(
         counted >= CONNECTIONS as u64,
         "only {counted} head timeouts counted for {CONNECTIONS} slowloris connections"
@@ -422,7 +361,7 @@ async fn header_floods_are_answered_431_and_closed() {
         }
         worst = worst.max(took);
     }
-    assert!(pod.cut_offs_at_least("headers_too_large", 10).await >= 10);
+    assert!(cut_offs_at_least(&pod.proxy, "headers_too_large", 10).await >= 10);
     let figures = steady.finish().await;
     report(
         "header flood (20 conns x 1 MiB heads)",
@@ -545,7 +484,7 @@ async fn an_hpack_bomb_is_cut_off_where_it_is_decoded() {
         }
         worst = worst.max(took);
     }
-    assert!(pod.cut_offs_at_least("h2_too_much", BOMBS as u64).await >= BOMBS as u64);
+    assert!(cut_offs_at_least(&pod.proxy, "h2_too_much", BOMBS as u64).await >= BOMBS as u64);
     let figures = steady.finish().await;
     report(
         "HPACK bomb (30 conns, 1.2-48 MB decoded each)",
@@ -593,7 +532,7 @@ async fn a_continuation_flood_is_cut_off() {
     eprintln!(
         "continuation flood: at most {most_frames} CONTINUATION frames written before the cut"
     );
-    assert!(pod.cut_offs_at_least("h2_too_much", 20).await >= 20);
+    assert!(cut_offs_at_least(&pod.proxy, "h2_too_much", 20).await >= 20);
     let figures = steady.finish().await;
     report("CONTINUATION flood (20 conns)", &rss, 32, worst, figures);
     assert_eq!(pod.attack_traffic(), 0);
@@ -629,7 +568,7 @@ async fn an_unfinished_header_block_is_cut_off_in_time() {
         worst < HEADER_BLOCK + Duration::from_secs(3),
         "cut off late: {worst:?}"
     );
-    assert!(pod.cut_offs_at_least("header_block_timeout", 50).await >= 50);
+    assert!(cut_offs_at_least(&pod.proxy, "header_block_timeout", 50).await >= 50);
     let figures = steady.finish().await;
     report(
         "unfinished header block (50 conns)",
@@ -685,10 +624,13 @@ async fn rapid_reset_closes_the_connection() {
         most_streams = most_streams.max(streams.load(Ordering::Relaxed));
     }
     eprintln!("rapid reset: at most {most_streams} streams written before the cut");
-    let rapid = pod.cut_offs("rapid_reset").await;
-    let counted = pod
-        .cut_offs_at_least("h2_too_much", connections - rapid.min(connections))
-        .await
+    let rapid = cut_offs(&pod.proxy, "rapid_reset").await;
+    let counted = cut_offs_at_least(
+        &pod.proxy,
+        "h2_too_much",
+        connections - rapid.min(connections),
+    )
+    .await
         + rapid;
     assert!(
         counted >= connections,
@@ -720,9 +662,11 @@ async fn tls_garbage_and_truncated_hellos_are_cut_off() {
     let pod = Pod::start().await;
     let steady = Steady::start(&pod).await;
     let rss = RssWatch::start(&pod);
-    let errors_before = pod
-        .metric("aether_tls_handshakes_total{listener=\"inbound\",result=\"error\"}")
-        .await;
+    let errors_before = series_or_zero(
+        &pod.proxy,
+        "aether_tls_handshakes_total{listener=\"inbound\",result=\"error\"}",
+    )
+    .await;
     let times = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for i in 0..100u32 {
@@ -762,9 +706,11 @@ async fn tls_garbage_and_truncated_hellos_are_cut_off() {
         truncated_worst < HEAD_READ + Duration::from_secs(3),
         "truncated hellos held for {truncated_worst:?}"
     );
-    let errors = pod
-        .metric("aether_tls_handshakes_total{listener=\"inbound\",result=\"error\"}")
-        .await;
+    let errors = series_or_zero(
+        &pod.proxy,
+        "aether_tls_handshakes_total{listener=\"inbound\",result=\"error\"}",
+    )
+    .await;
     assert!(
         errors - errors_before >= 100,
         "{} handshake errors counted",

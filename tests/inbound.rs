@@ -10,15 +10,12 @@ mod common;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use common::inbound::*;
+use common::mesh::{FRONTEND, ORDERS, PAYMENTS, TD};
 use common::*;
 use http::{Request, StatusCode};
 use http_body_util::Full;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-const TD: &str = "aether.local";
-const PAYMENTS: &str = "default/payments";
-const FRONTEND: &str = "default/frontend";
-const ORDERS: &str = "default/orders";
 
 /// The proxy's ClientHello timeout (SPEC section 8: header read timeout 10 s; the inbound
 /// listener uses the same bound for the ClientHello).
@@ -61,12 +58,7 @@ impl Pod {
             "{ port: 6060, protocol: auto }".to_string(),
         ];
         let ports: Vec<&str> = ports.iter().map(String::as_str).collect();
-        let config = format!(
-            "trust_domain: {TD}\n{}{}",
-            certs.identity_yaml("payments"),
-            net.listeners_yaml(8080, &ports),
-        );
-        let proxy = Proxy::start(&config, "services: {}\n").await;
+        let proxy = payments_sidecar(&certs, net, &ports).start().await;
         Pod {
             net,
             certs,
@@ -534,23 +526,6 @@ async fn request_id_added_when_absent_kept_when_present() {
 // Who gets in
 // ---------------------------------------------------------------------------------------------
 
-/// The client must not get a request through: the handshake fails, or the connection dies
-/// before any answer (TLS 1.3 clients learn of a refused certificate after their Finished).
-async fn assert_refused(pod: &Pod, client: &TlsClient, what: &str) {
-    match client.connect(pod.net.inbound()).await {
-        Err(_) => {}
-        Ok(tls) => {
-            let r = async {
-                let mut c = HttpClient::h1(tls).await?;
-                c.get("http://payments.aether.internal/should-not-arrive")
-                    .await
-            }
-            .await;
-            assert!(r.is_err(), "{what}: got an answer: {r:?}");
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_without_a_mesh_identity_are_refused() {
     let pod = Pod::start().await;
@@ -565,9 +540,14 @@ async fn clients_without_a_mesh_identity_are_refused() {
     let base = TlsClient::new(&pod.certs.ca())
         .sni(Some("8080"))
         .alpn(&["http/1.1"]);
-    assert_refused(&pod, &base.clone().no_cert(), "no client certificate").await;
     assert_refused(
-        &pod,
+        pod.net.inbound(),
+        &base.clone().no_cert(),
+        "no client certificate",
+    )
+    .await;
+    assert_refused(
+        pod.net.inbound(),
         &base
             .clone()
             .cert(&other_ca.cert("frontend"), &other_ca.key("frontend")),
@@ -575,7 +555,7 @@ async fn clients_without_a_mesh_identity_are_refused() {
     )
     .await;
     assert_refused(
-        &pod,
+        pod.net.inbound(),
         &base
             .clone()
             .cert(&other_td.cert("frontend"), &other_td.key("frontend")),

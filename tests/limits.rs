@@ -18,16 +18,6 @@ use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
-/// A server pod whose proxy config ends with `extra` (for `limits:`).
-async fn server_proxy_with(certs: &Certs, pod: PodNet, extra: &str) -> Proxy {
-    let config = format!(
-        "trust_domain: {TD}\n{}{}{extra}",
-        certs.identity_yaml("payments"),
-        pod.listeners_yaml(8080, &["{ port: 8080, protocol: auto }"])
-    );
-    Proxy::start(&config, "services: {}\n").await
-}
-
 fn slow(path: &str, ms: u64) -> http::Request<http_body_util::Full<bytes::Bytes>> {
     empty(
         get(path)
@@ -55,19 +45,12 @@ async fn closed_within(s: &mut TcpStream, limit: Duration) -> bool {
 /// counted. Once the first is done its connection is reused (no new connection needed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_connection_breaker_answers_overflow_and_reuses_what_it_has() {
-    let net = Net::fresh();
-    let (client_pod, p1) = (net.pod(0), net.pod(1));
-    let certs = certs();
-    let app = HttpApp::auto(p1.app(8080)).await;
-    let _s1 = server_proxy(&certs, p1, "payments", &["{ port: 8080, protocol: auto }"]).await;
-    let cat = catalog(&[service(
-        "payments",
-        &certs.spiffe_id(PAYMENTS),
-        "    circuit_breakers: { max_connections: 1 }\n",
-        &[endpoint(p1.proxy_ip(), &[8080])],
-    )]);
-    let client = client_proxy(&certs, client_pod, &cat, "").await;
-    let out = client_pod.outbound();
+    let m = OnePodMesh::start_with(OnePodExtras {
+        service: "    circuit_breakers: { max_connections: 1 }\n",
+        ..Default::default()
+    })
+    .await;
+    let out = m.outbound();
 
     let first = tokio::spawn(async move { h1_to(out).await.send(slow("/slow", 1500)).await });
     // Wait until the slow request holds the one upstream connection.
@@ -75,7 +58,7 @@ async fn the_connection_breaker_answers_overflow_and_reuses_what_it_has() {
         Duration::from_secs(5),
         "the slow request reaches the app",
         async {
-            while app.seen().is_empty() {
+            while m.app.seen().is_empty() {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         },
@@ -90,7 +73,7 @@ async fn the_connection_breaker_answers_overflow_and_reuses_what_it_has() {
         "a second connection is over the breaker",
     );
     let counted = metric_sum(
-        &client,
+        &m.client,
         "aether_cluster_overflow_total",
         &["breaker=\"connections\"", "service=\"payments\""],
     )
@@ -101,26 +84,19 @@ async fn the_connection_breaker_answers_overflow_and_reuses_what_it_has() {
     assert_app_ok(&r, 8080, "the slow request");
     let r = get_h1(out, SVC, "/third").await;
     assert_app_ok(&r, 8080, "the pooled connection is reused");
-    assert_eq!(app.connections(), 1, "one upstream connection in all");
+    assert_eq!(m.app.connections(), 1, "one upstream connection in all");
 }
 
 /// `max_requests: 2`: a third concurrent request is answered 503 `overflow` at once; a
 /// finished request frees its place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_request_breaker_answers_overflow_past_its_limit() {
-    let net = Net::fresh();
-    let (client_pod, p1) = (net.pod(0), net.pod(1));
-    let certs = certs();
-    let app = HttpApp::auto(p1.app(8080)).await;
-    let _s1 = server_proxy(&certs, p1, "payments", &["{ port: 8080, protocol: auto }"]).await;
-    let cat = catalog(&[service(
-        "payments",
-        &certs.spiffe_id(PAYMENTS),
-        "    circuit_breakers: { max_requests: 2 }\n",
-        &[endpoint(p1.proxy_ip(), &[8080])],
-    )]);
-    let client = client_proxy(&certs, client_pod, &cat, "").await;
-    let out = client_pod.outbound();
+    let m = OnePodMesh::start_with(OnePodExtras {
+        service: "    circuit_breakers: { max_requests: 2 }\n",
+        ..Default::default()
+    })
+    .await;
+    let out = m.outbound();
 
     let mut slow_ones = JoinSet::new();
     for i in 0..2 {
@@ -137,7 +113,7 @@ async fn the_request_breaker_answers_overflow_past_its_limit() {
         Duration::from_secs(5),
         "both slow requests reach the app",
         async {
-            while app.seen().len() < 2 {
+            while m.app.seen().len() < 2 {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         },
@@ -153,7 +129,7 @@ async fn the_request_breaker_answers_overflow_past_its_limit() {
         t.elapsed()
     );
     let counted = metric_sum(
-        &client,
+        &m.client,
         "aether_cluster_overflow_total",
         &["breaker=\"requests\""],
     )
@@ -174,19 +150,8 @@ async fn the_request_breaker_answers_overflow_past_its_limit() {
 /// connection (the others wait for it and share it), not twenty.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_first_requests_dials_once() {
-    let net = Net::fresh();
-    let (client_pod, p1) = (net.pod(0), net.pod(1));
-    let certs = certs();
-    let _app = HttpApp::auto(p1.app(8080)).await;
-    let server = server_proxy(&certs, p1, "payments", &["{ port: 8080, protocol: auto }"]).await;
-    let cat = catalog(&[service(
-        "payments",
-        &certs.spiffe_id(PAYMENTS),
-        "",
-        &[endpoint(p1.proxy_ip(), &[8080])],
-    )]);
-    let _client = client_proxy(&certs, client_pod, &cat, "").await;
-    let out = client_pod.outbound();
+    let m = OnePodMesh::start().await;
+    let out = m.outbound();
 
     let mut callers = Vec::new();
     for _ in 0..20 {
@@ -200,7 +165,7 @@ async fn a_burst_of_first_requests_dials_once() {
         assert_app_ok(&r.unwrap().unwrap(), 8080, "a burst request");
     }
     let handshakes = metric_sum(
-        &server,
+        &m.server,
         "aether_tls_handshakes_total",
         &["listener=\"inbound\"", "result=\"ok\""],
     )
@@ -275,25 +240,12 @@ async fn a_failed_dial_fails_the_requests_that_waited_for_it() {
 /// closed at accept and counted; the five keep working, and a place freed is a place usable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listener_closes_connections_past_its_cap() {
-    let net = Net::fresh();
-    let (client_pod, p1) = (net.pod(0), net.pod(1));
-    let certs = certs();
-    let _app = HttpApp::auto(p1.app(8080)).await;
-    let _s1 = server_proxy(&certs, p1, "payments", &["{ port: 8080, protocol: auto }"]).await;
-    let cat = catalog(&[service(
-        "payments",
-        &certs.spiffe_id(PAYMENTS),
-        "",
-        &[endpoint(p1.proxy_ip(), &[8080])],
-    )]);
-    let client = client_proxy(
-        &certs,
-        client_pod,
-        &cat,
-        "limits:\n  max_connections_per_listener: 5\n",
-    )
+    let m = OnePodMesh::start_with(OnePodExtras {
+        client_config: "limits:\n  max_connections_per_listener: 5\n",
+        ..Default::default()
+    })
     .await;
-    let out = client_pod.outbound();
+    let out = m.outbound();
 
     let mut held = Vec::new();
     for _ in 0..5 {
@@ -308,7 +260,7 @@ async fn a_listener_closes_connections_past_its_cap() {
     );
     assert_eq!(
         metric_sum(
-            &client,
+            &m.client,
             "aether_connections_rejected_total",
             &["listener=\"outbound\"", "reason=\"limit\""]
         )
@@ -333,20 +285,13 @@ async fn a_listener_closes_connections_past_its_cap() {
 /// through while silent connections keep arriving; each eviction is counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_oldest_unfinished_handshake_makes_room_for_a_new_connection() {
-    let net = Net::fresh();
-    let (client_pod, p1) = (net.pod(0), net.pod(1));
-    let certs = certs();
-    let _app = HttpApp::auto(p1.app(8080)).await;
-    let server = server_proxy_with(&certs, p1, "limits:\n  max_pending_handshakes: 4\n").await;
-    let cat = catalog(&[service(
-        "payments",
-        &certs.spiffe_id(PAYMENTS),
-        "",
-        &[endpoint(p1.proxy_ip(), &[8080])],
-    )]);
-    let _client = client_proxy(&certs, client_pod, &cat, "").await;
-    let out = client_pod.outbound();
-    let inbound: SocketAddr = p1.inbound();
+    let m = OnePodMesh::start_with(OnePodExtras {
+        server_config: "limits:\n  max_pending_handshakes: 4\n",
+        ..Default::default()
+    })
+    .await;
+    let out = m.outbound();
+    let inbound: SocketAddr = m.server_pod.inbound();
 
     let mut silent = Vec::new();
     for _ in 0..4 {
@@ -367,7 +312,7 @@ async fn the_oldest_unfinished_handshake_makes_room_for_a_new_connection() {
     }
     assert_eq!(
         metric_sum(
-            &server,
+            &m.server,
             "aether_connections_rejected_total",
             &["listener=\"inbound\"", "reason=\"handshake-evicted\""]
         )
@@ -386,21 +331,15 @@ async fn the_oldest_unfinished_handshake_makes_room_for_a_new_connection() {
 /// bounded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_silent_connections_cannot_lock_out_real_peers() {
-    let net = Net::fresh();
-    let (client_pod, p1) = (net.pod(0), net.pod(1));
-    let certs = certs();
-    let _app = HttpApp::auto(p1.app(8080)).await;
-    let server = server_proxy_with(&certs, p1, "limits:\n  max_pending_handshakes: 64\n").await;
-    let cat = catalog(&[service(
-        "payments",
-        &certs.spiffe_id(PAYMENTS),
-        "    max_requests_per_connection: 1\n",
-        &[endpoint(p1.proxy_ip(), &[8080])],
-    )]);
-    let _client = client_proxy(&certs, client_pod, &cat, "").await;
-    let out = client_pod.outbound();
-    let inbound = p1.inbound();
-    let rss_before = rss_kib(server.pid().unwrap());
+    let m = OnePodMesh::start_with(OnePodExtras {
+        server_config: "limits:\n  max_pending_handshakes: 64\n",
+        service: "    max_requests_per_connection: 1\n",
+        ..Default::default()
+    })
+    .await;
+    let out = m.outbound();
+    let inbound = m.server_pod.inbound();
+    let rss_before = m.server.rss_kib();
 
     // The real client: every request a new upstream handshake, so each must pass the flood.
     let caller = tokio::spawn(async move {
@@ -429,7 +368,7 @@ async fn a_flood_of_silent_connections_cannot_lock_out_real_peers() {
     let p99 = latencies[latencies.len() * 99 / 100 - 1];
     // Once the proxy has accepted the whole flood, all but the newest 64 were evicted.
     let evicted = wait_metric(
-        &server,
+        &m.server,
         "aether_connections_rejected_total",
         &["reason=\"handshake-evicted\""],
         (flood.len() - 64) as f64,
@@ -443,7 +382,7 @@ async fn a_flood_of_silent_connections_cannot_lock_out_real_peers() {
             open += 1;
         }
     }
-    let rss_after = rss_kib(server.pid().unwrap());
+    let rss_after = m.server.rss_kib();
     eprintln!(
         "silent flood: {} connections, {evicted} evicted, {open} still open (cap 64), real p99 \
          {p99:?}, server RSS {rss_before} -> {rss_after} KiB, flood cut down after {cut_off:?}",
@@ -455,15 +394,6 @@ async fn a_flood_of_silent_connections_cannot_lock_out_real_peers() {
         rss_after < rss_before + 32 * 1024,
         "RSS grew from {rss_before} to {rss_after} KiB"
     );
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .expect("VmRSS in /proc/<pid>/status")
 }
 
 /// Once a key's connections turn out not to be shareable (HTTP/1.1 callers, one request per

@@ -195,20 +195,9 @@ async fn new_pin_from_a_catalog_reload_applies_to_pooled_connections() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn xfcc_is_stripped_and_request_id_kept() {
-    let net = Net::fresh();
-    let (client_pod, p1) = (net.pod(0), net.pod(1));
-    let certs = certs();
-    let app = HttpApp::auto(p1.app(8080)).await;
-    let _s1 = server_proxy(&certs, p1, "payments", &["{ port: 8080, protocol: auto }"]).await;
-    let cat = catalog(&[service(
-        "payments",
-        &certs.spiffe_id(PAYMENTS),
-        "",
-        &[endpoint(p1.proxy_ip(), &[8080])],
-    )]);
-    let _client = client_proxy(&certs, client_pod, &cat, "").await;
-    let out = client_pod.outbound();
-    let want = expected_xfcc(&certs, PAYMENTS, "frontend", FRONTEND);
+    let m = OnePodMesh::start().await;
+    let out = m.outbound();
+    let want = expected_xfcc(&m.certs, PAYMENTS, "frontend", FRONTEND);
     let forged = "By=spiffe://aether.local/ns/default/sa/payments;Hash=00;URI=spiffe://aether.local/ns/kube-system/sa/admin";
 
     // HTTP/1.1, forged XFCC twice, an id of our own.
@@ -258,7 +247,7 @@ async fn xfcc_is_stripped_and_request_id_kept() {
     let ids = echoed_header(&r, "x-request-id");
     assert_eq!(ids.len(), 1, "{ids:?}");
     assert!(uuid::Uuid::parse_str(&ids[0]).is_ok(), "{ids:?}");
-    assert_eq!(app.seen().len(), 3);
+    assert_eq!(m.app.seen().len(), 3);
 }
 
 // ---------------------------------------------------------------------------------------------

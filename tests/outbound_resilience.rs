@@ -181,19 +181,12 @@ async fn load_spreads_over_three_pods() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_timeout_gives_504() {
-    let net = Net::fresh();
-    let (client_pod, p1) = (net.pod(0), net.pod(1));
-    let certs = certs();
-    let app = HttpApp::auto(p1.app(8080)).await;
-    let _s1 = server_proxy(&certs, p1, "payments", &["{ port: 8080, protocol: auto }"]).await;
-    let cat = catalog(&[service(
-        "payments",
-        &certs.spiffe_id(PAYMENTS),
-        "    request_timeout: 500ms\n",
-        &[endpoint(p1.proxy_ip(), &[8080])],
-    )]);
-    let _client = client_proxy(&certs, client_pod, &cat, "").await;
-    let out = client_pod.outbound();
+    let m = OnePodMesh::start_with(OnePodExtras {
+        service: "    request_timeout: 500ms\n",
+        ..Default::default()
+    })
+    .await;
+    let out = m.outbound();
 
     // Warm up (connection set up is not what is timed), and a control under the limit.
     let r = get_h1(out, SVC, "/fast").await;
@@ -225,7 +218,7 @@ async fn request_timeout_gives_504() {
         took >= Duration::from_millis(450) && took < Duration::from_millis(2000),
         "answered after {took:?}, want about 500 ms"
     );
-    assert_eq!(app.seen().len(), 3, "the slow request did reach the app");
+    assert_eq!(m.app.seen().len(), 3, "the slow request did reach the app");
 
     // h2 callers get the same answer.
     let t = Instant::now();

@@ -6,68 +6,13 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use common::inbound::{assert_refused, frontend_peer, tls_to};
 use common::mesh::wire::Observer;
 use common::mesh::*;
 use common::*;
-use http::{Request, StatusCode};
-use http_body_util::Full;
+use http::StatusCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-
-/// A client pod (frontend) whose catalog points `payments` at one server pod (payments, 8080
-/// `auto`, an `Auto` app behind it).
-struct Mesh {
-    certs: Certs,
-    client_net: PodNet,
-    server_net: PodNet,
-    client: Proxy,
-    server: Proxy,
-    app: HttpApp,
-}
-
-impl Mesh {
-    async fn start() -> Mesh {
-        let net = Net::fresh();
-        let (client_net, server_net) = (net.pod(0), net.pod(1));
-        let certs = certs();
-        let app = HttpApp::auto(server_net.app(8080)).await;
-        let server = server_proxy(&certs, net.pod(1), "payments", &[]).await;
-        let cat = catalog(&[service(
-            "payments",
-            &certs.spiffe_id(PAYMENTS),
-            "",
-            &[endpoint(server_net.proxy_ip(), &[8080])],
-        )]);
-        let client = client_proxy(&certs, net.pod(0), &cat, "").await;
-        Mesh {
-            certs,
-            client_net,
-            server_net,
-            client,
-            server,
-            app,
-        }
-    }
-
-    /// Sends `req` through the client pod's outbound listener over HTTP/1.1.
-    async fn send(&self, req: Request<Full<Bytes>>) -> Reply {
-        h1_to(self.client_net.outbound())
-            .await
-            .send(req)
-            .await
-            .expect("request through the mesh")
-    }
-
-    /// The request the app saw whose path ends with `suffix`.
-    fn seen(&self, suffix: &str) -> Seen {
-        self.app
-            .seen()
-            .into_iter()
-            .find(|s| s.uri.ends_with(suffix))
-            .unwrap_or_else(|| panic!("the app never saw {suffix}"))
-    }
-}
 
 fn req_to(path: &str) -> http::request::Builder {
     get(path).header("host", SVC)
@@ -80,7 +25,7 @@ fn req_to(path: &str) -> http::request::Builder {
 /// `te` survives only when every value of every `te` header is `trailers`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn te_is_kept_only_when_every_value_is_trailers() {
-    let m = Mesh::start().await;
+    let m = OnePodMesh::start().await;
     let cases: [(&str, &[&str], bool); 5] = [
         ("/te-one", &["trailers"], true),
         ("/te-two-trailers", &["trailers", "trailers"], true),
@@ -116,7 +61,7 @@ async fn te_is_kept_only_when_every_value_is_trailers() {
 /// proxies, and on the server side alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_cannot_remove_the_request_id_or_xfcc() {
-    let m = Mesh::start().await;
+    let m = OnePodMesh::start().await;
     let r = m
         .send(empty(
             req_to("/through-both")
@@ -139,12 +84,11 @@ async fn connection_cannot_remove_the_request_id_or_xfcc() {
     assert!(seen.header("connection").is_none());
 
     // The server side alone: a peer proxy (here, the test) naming them in `Connection`.
-    let tls = TlsClient::with_identity(&m.certs, "frontend")
-        .sni(Some("8080"))
-        .alpn(&["http/1.1"])
-        .connect(m.server_net.inbound())
-        .await
-        .expect("mTLS to the server pod");
+    let tls = tls_to(
+        &frontend_peer(&m.certs, "8080", &["http/1.1"]),
+        m.server_pod.inbound(),
+    )
+    .await;
     let mut c = HttpClient::h1(tls).await.unwrap();
     let r = c
         .send(empty(
@@ -165,7 +109,7 @@ async fn connection_cannot_remove_the_request_id_or_xfcc() {
 /// Responses are not touched (Envoy's `headers_with_underscores_action` is about requests).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn underscored_request_headers_are_dropped_on_both_sides() {
-    let m = Mesh::start().await;
+    let m = OnePodMesh::start().await;
     let r = m
         .send(empty(
             req_to("/underscores")
@@ -186,12 +130,11 @@ async fn underscored_request_headers_are_dropped_on_both_sides() {
     assert_eq!(metric_value(&m.client, dropped).await, 2.0);
 
     // Straight to the server side: its own rule, its own count.
-    let tls = TlsClient::with_identity(&m.certs, "frontend")
-        .sni(Some("8080"))
-        .alpn(&["h2"])
-        .connect(m.server_net.inbound())
-        .await
-        .expect("mTLS to the server pod");
+    let tls = tls_to(
+        &frontend_peer(&m.certs, "8080", &["h2"]),
+        m.server_pod.inbound(),
+    )
+    .await;
     let mut c = HttpClient::h2(tls).await.unwrap();
     let r = c
         .send(empty(
@@ -221,25 +164,11 @@ async fn metric_value(p: &Proxy, series: &str) -> f64 {
 // Identities (SPEC section 8)
 // ---------------------------------------------------------------------------------------------
 
-/// The client must not get a request through: the handshake fails, or the connection dies
-/// before any answer (TLS 1.3 clients learn of a refused certificate after their Finished).
-async fn assert_refused(addr: std::net::SocketAddr, client: &TlsClient, what: &str) {
-    if let Ok(tls) = client.connect(addr).await {
-        let r = async {
-            let mut c = HttpClient::h1(tls).await?;
-            c.get("http://payments.aether.internal/should-not-arrive")
-                .await
-        }
-        .await;
-        assert!(r.is_err(), "{what}: got an answer: {r:?}");
-    }
-}
-
 /// Inbound: a client leaf whose URI SANs are not exactly one strict SPIFFE id is refused at
 /// the handshake (never a request with an empty or odd XFCC); each refusal is counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inbound_refuses_leaves_that_are_not_one_strict_spiffe_id() {
-    let m = Mesh::start().await;
+    let m = OnePodMesh::start().await;
     let odd = m.certs.same_ca();
     let td = TD;
     let frontend = m.certs.spiffe_id(FRONTEND);
@@ -280,7 +209,7 @@ async fn inbound_refuses_leaves_that_are_not_one_strict_spiffe_id() {
             .cert(&odd.cert(stem), &odd.key(stem))
             .sni(Some("8080"))
             .alpn(&["http/1.1"]);
-        assert_refused(m.server_net.inbound(), &client, stem).await;
+        assert_refused(m.server_pod.inbound(), &client, stem).await;
     }
     assert!(m.app.seen().is_empty(), "a refused client reached the app");
     // This pod has refused nobody else.
@@ -292,7 +221,7 @@ async fn inbound_refuses_leaves_that_are_not_one_strict_spiffe_id() {
         .cert(&odd.cert("good"), &odd.key("good"))
         .sni(Some("8080"))
         .alpn(&["http/1.1"])
-        .connect(m.server_net.inbound())
+        .connect(m.server_pod.inbound())
         .await
         .expect("the good leaf connects");
     let mut c = HttpClient::h1(tls).await.unwrap();
@@ -366,7 +295,9 @@ async fn outbound_pin_requires_exactly_one_id_equal_to_the_service() {
 // Catalog validation (SPEC section 8)
 // ---------------------------------------------------------------------------------------------
 
-fn check_catalog(certs: &Certs, catalog_yaml: &str) -> (bool, String) {
+/// `aether-proxy check` on a `frontend` config (with `extra_config` after the identity) and
+/// `catalog_yaml`: the exit code and stderr.
+fn run_check(certs: &Certs, extra_config: &str, catalog_yaml: &str) -> (Option<i32>, String) {
     let dir = tempfile::tempdir().unwrap();
     let cat = dir.path().join("catalog.yaml");
     std::fs::write(&cat, catalog_yaml).unwrap();
@@ -374,7 +305,7 @@ fn check_catalog(certs: &Certs, catalog_yaml: &str) -> (bool, String) {
     std::fs::write(
         &cfg,
         format!(
-            "trust_domain: {TD}\n{}catalog:\n  path: {}\n",
+            "trust_domain: {TD}\n{}{extra_config}catalog:\n  path: {}\n",
             certs.identity_yaml("frontend"),
             cat.display()
         ),
@@ -386,9 +317,15 @@ fn check_catalog(certs: &Certs, catalog_yaml: &str) -> (bool, String) {
         .output()
         .unwrap();
     (
-        out.status.success(),
+        out.status.code(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// Whether `aether-proxy check` accepts `catalog_yaml`, and its stderr.
+fn check_catalog(certs: &Certs, catalog_yaml: &str) -> (bool, String) {
+    let (code, stderr) = run_check(certs, "", catalog_yaml);
+    (code == Some(0), stderr)
 }
 
 /// Weights that overflow u32, ports outside 1..65535 and durations past their bounds refuse the
@@ -509,7 +446,7 @@ async fn wait_metric(p: &Proxy, series: &str, want: f64, what: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_sessions_of_endpoints_that_left_the_catalog_are_forgotten() {
-    let m = Mesh::start().await;
+    let m = OnePodMesh::start().await;
     let sessions = "aether_tls_client_sessions";
     let r = m.send(empty(req_to("/first"))).await;
     assert_app_ok(&r, 8080, "first request");
@@ -517,7 +454,7 @@ async fn client_sessions_of_endpoints_that_left_the_catalog_are_forgotten() {
 
     // A new catalog that keeps the endpoint keeps its session.
     let id = m.certs.spiffe_id(PAYMENTS);
-    let other = m.server_net.extra(0);
+    let other = m.server_pod.extra(0);
     let reloads = r#"aether_catalog_reloads_total{result="ok"}"#;
     let write = |eps: &[String]| {
         std::fs::write(
@@ -528,7 +465,7 @@ async fn client_sessions_of_endpoints_that_left_the_catalog_are_forgotten() {
     };
     let n = metric_value(&m.client, reloads).await;
     write(&[
-        endpoint(m.server_net.proxy_ip(), &[8080]),
+        endpoint(m.server_pod.proxy_ip(), &[8080]),
         endpoint(other, &[8080]),
     ]);
     wait_metric(&m.client, reloads, n + 1.0, "catalog reload").await;
@@ -629,10 +566,10 @@ async fn client_hello_in_one_byte_records_is_read_with_linear_work() {
 /// the handshake completes and the request is answered promptly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_hello_in_one_byte_records_reaches_the_chain() {
-    let m = Mesh::start().await;
-    let relay_at = std::net::SocketAddr::new(m.client_net.extra(0), 4433);
+    let m = OnePodMesh::start().await;
+    let relay_at = std::net::SocketAddr::new(m.client_pod.extra(0), 4433);
     let relay = TcpListener::bind(relay_at).await.unwrap();
-    let upstream = m.server_net.inbound();
+    let upstream = m.server_pod.inbound();
     let relaying = tokio::spawn(async move {
         let (mut down, _) = relay.accept().await.unwrap();
         let mut up = TcpStream::connect(upstream).await.unwrap();
@@ -728,28 +665,11 @@ async fn admin_posts_with_an_origin_or_a_body_are_refused() {
 #[test]
 fn check_warns_when_admin_listens_beyond_loopback() {
     let certs = Certs::new(TD, &[FRONTEND]);
-    let dir = tempfile::tempdir().unwrap();
-    let cat = dir.path().join("catalog.yaml");
-    std::fs::write(&cat, "services: {}\n").unwrap();
     let run = |admin: &str| {
-        let cfg = dir.path().join("config.yaml");
-        std::fs::write(
-            &cfg,
-            format!(
-                "trust_domain: {TD}\n{}admin:\n  listen: \"{admin}\"\ncatalog:\n  path: {}\n",
-                certs.identity_yaml("frontend"),
-                cat.display()
-            ),
-        )
-        .unwrap();
-        let out = std::process::Command::new(BIN)
-            .args(["check", "--config"])
-            .arg(&cfg)
-            .output()
-            .unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
+        run_check(
+            &certs,
+            &format!("admin:\n  listen: \"{admin}\"\n"),
+            "services: {}\n",
         )
     };
     for wide in ["0.0.0.0:15000", "10.1.2.3:15000", "[::]:15000"] {

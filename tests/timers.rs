@@ -10,6 +10,8 @@ use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use common::inbound::*;
+use common::mesh::{FRONTEND, PAYMENTS, TD};
 use common::*;
 use http::{Request, Response, StatusCode};
 use http_body_util::{Full, StreamBody};
@@ -18,9 +20,6 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-const TD: &str = "aether.local";
-const PAYMENTS: &str = "default/payments";
-const FRONTEND: &str = "default/frontend";
 const TIMER: Duration = Duration::from_secs(1);
 const TIMERS: &str = "first_byte=1s,stream_idle=1s,tunnel_idle=1s";
 
@@ -42,19 +41,12 @@ impl Pod {
         let stalling = stalling_app(net.app(8080)).await;
         let app = HttpApp::auto(net.app(9090)).await;
         let echo = TcpEcho::start(net.app(5432)).await;
-        let config = format!(
-            "trust_domain: {TD}\n{}{}",
-            certs.identity_yaml("payments"),
-            net.listeners_yaml(
-                8080,
-                &[
-                    "{ port: 8080, protocol: auto }",
-                    "{ port: 9090, protocol: auto }",
-                    "{ port: 5432, protocol: tcp }"
-                ]
-            ),
-        );
-        let proxy = Proxy::builder(&config, "services: {}\n")
+        let ports = [
+            "{ port: 8080, protocol: auto }",
+            "{ port: 9090, protocol: auto }",
+            "{ port: 5432, protocol: tcp }",
+        ];
+        let proxy = payments_sidecar(&certs, net, &ports)
             .env("AETHER_TEST_TIMERS", TIMERS)
             .start()
             .await;
@@ -69,36 +61,7 @@ impl Pod {
     }
 
     async fn tls(&self, sni: &str, alpn: &[&str]) -> TlsStream {
-        TlsClient::with_identity(&self.certs, "frontend")
-            .sni(Some(sni))
-            .alpn(alpn)
-            .connect(self.net.inbound())
-            .await
-            .unwrap_or_else(|e| panic!("TLS connect failed: {e:?}"))
-    }
-
-    /// Polls the cut-off counter until it reaches `min` (the proxy counts a connection once
-    /// its task has ended, a moment after the client saw the end), or 5 s passed.
-    async fn cut_offs_at_least(&self, reason: &str, min: u64) -> u64 {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let n = self.cut_offs(reason).await;
-            if n >= min || Instant::now() >= deadline {
-                return n;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    async fn cut_offs(&self, reason: &str) -> u64 {
-        let series = format!(
-            "aether_http_protocol_errors_total{{listener=\"inbound\",reason=\"{reason}\"}}"
-        );
-        let text = self.proxy.admin_get("/metrics").await.unwrap().text();
-        text.lines()
-            .find_map(|l| l.strip_prefix(series.as_str()))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .map_or(0, |v| v as u64)
+        tls_to(&frontend_peer(&self.certs, sni, alpn), self.net.inbound()).await
     }
 }
 
@@ -152,7 +115,10 @@ async fn an_app_that_does_not_answer_in_time_gets_504() {
         took < TIMER + Duration::from_secs(2),
         "answered after {took:?}"
     );
-    assert_eq!(pod.cut_offs_at_least("first_byte_timeout", 1).await, 1);
+    assert_eq!(
+        cut_offs_at_least(&pod.proxy, "first_byte_timeout", 1).await,
+        1
+    );
     // An app that answers in time is not affected.
     let r = c.get("http://payments/quick").await.unwrap();
     assert_eq!(r.status, StatusCode::OK);
@@ -177,7 +143,7 @@ async fn a_response_that_stops_moving_is_ended_http1() {
         "ended after {took:?}"
     );
     assert!(took < TIMER * 4, "ended after {took:?}");
-    assert!(pod.cut_offs_at_least("stream_idle", 1).await >= 1);
+    assert!(cut_offs_at_least(&pod.proxy, "stream_idle", 1).await >= 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -208,7 +174,7 @@ async fn a_response_that_stops_moving_is_ended_http2() {
         c2.get("http://payments/after").await.unwrap().status,
         StatusCode::OK
     );
-    assert!(pod.cut_offs_at_least("stream_idle", 1).await >= 1);
+    assert!(cut_offs_at_least(&pod.proxy, "stream_idle", 1).await >= 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -235,5 +201,5 @@ async fn a_tcp_chain_closes_when_idle_and_bytes_keep_it_open() {
         "closed after {took:?}"
     );
     assert!(took < TIMER * 4, "closed after {took:?}");
-    assert_eq!(pod.cut_offs_at_least("tunnel_idle", 1).await, 1);
+    assert_eq!(cut_offs_at_least(&pod.proxy, "tunnel_idle", 1).await, 1);
 }

@@ -33,7 +33,7 @@
 //!   same CA.
 //! * `proxy`: [`Proxy`], `aether-proxy run` in a temp dir; waits for `/readyz` 200; stdout (the
 //!   access log) and stderr captured to files; killed on drop; signals and exit status for
-//!   drain tests.
+//!   drain tests; its resident memory (`Proxy::rss_kib`).
 //! * `apps`: [`HttpApp`] (HTTP/1.1, h2c or both) and [`TcpEcho`], apps that record what they
 //!   saw.
 //! * `tls`: [`TlsClient`], a BoringSSL client with chosen cert, SNI, ALPN; [`TlsFailure`] keeps
@@ -44,6 +44,9 @@
 //!
 //! Helpers of one group of tests live in their own module, which is not re-exported:
 //!
+//! * `inbound`: a `payments` sidecar's proxy, the `frontend` peer dialling its :15008, refusals
+//!   and the inbound protocol-error counters, for the tests that play the peer proxy
+//!   themselves, `tests/{inbound,abuse,timers,rules}.rs` (`use common::inbound::*;`).
 //! * `live`: pod apps with a version, a load generator and admin readers for `tests/live.rs`
 //!   (`use common::live::*;`).
 //! * `mesh`: client and server pods, catalogs, answer checks, raw HTTP/1.1, a gRPC echo
@@ -71,6 +74,7 @@ mod tcp;
 mod tls;
 
 pub mod envoy;
+pub mod inbound;
 pub mod live;
 pub mod mesh;
 pub mod xds;

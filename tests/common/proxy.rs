@@ -12,6 +12,13 @@ use http_body_util::Full;
 
 use super::{http_get, tcp_connect, HttpClient, Reply, BIN, READY_TIMEOUT};
 
+/// Resident memory (VmRSS) of process `pid` in KiB; `None` once the process is gone.
+pub fn rss_kib_of(pid: u32) -> Option<u64> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let value = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?;
+    value.split_whitespace().next()?.parse().ok()
+}
+
 /// A running `aether-proxy run`, killed (SIGKILL) and reaped on drop.
 ///
 /// Its config and catalog live in a temp dir next to `stdout.log` (the JSON access log) and
@@ -171,6 +178,12 @@ impl Proxy {
     }
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(|c| c.id())
+    }
+
+    /// The proxy's resident memory (VmRSS) in KiB.
+    pub fn rss_kib(&self) -> u64 {
+        let pid = self.pid().expect("the proxy runs");
+        rss_kib_of(pid).expect("VmRSS in /proc/<pid>/status")
     }
 
     /// Polls `GET /readyz` until 200; panics (with the proxy's stderr) if the process exits or

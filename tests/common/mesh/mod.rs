@@ -10,7 +10,8 @@
 //!   catalog lists them by their proxy address.
 //!
 //! * catalogs: [`service`], [`catalog`], [`endpoint`] and [`draining_endpoint`] write the YAML;
-//!   [`server_proxy`] and [`client_proxy`] start the pods' proxies;
+//!   [`server_proxy`] and [`client_proxy`] start the pods' proxies; [`OnePodMesh`] is the
+//!   smallest whole mesh (a client pod, one `payments` pod);
 //! * answers: [`assert_proxy_error`] (a proxy-made error) and [`assert_app_ok`] (an app's 200);
 //! * raw HTTP/1.1 ([`raw_exchange`], [`read_head`]) for CONNECT and requests hyper's client will
 //!   not write;
@@ -50,8 +51,19 @@ pub fn certs() -> Certs {
 
 /// A server pod's proxy: identity `stem`, default port 8080, `inbound.ports` as given.
 pub async fn server_proxy(certs: &Certs, pod: PodNet, stem: &str, ports: &[&str]) -> Proxy {
+    server_proxy_with(certs, pod, stem, ports, "").await
+}
+
+/// [`server_proxy`] whose config ends with `extra` (e.g. a `limits:` section).
+pub async fn server_proxy_with(
+    certs: &Certs,
+    pod: PodNet,
+    stem: &str,
+    ports: &[&str],
+    extra: &str,
+) -> Proxy {
     let config = format!(
-        "trust_domain: {TD}\n{}{}",
+        "trust_domain: {TD}\n{}{}{extra}",
         certs.identity_yaml(stem),
         pod.listeners_yaml(8080, ports)
     );
@@ -100,6 +112,93 @@ pub fn service(name: &str, identity: &str, extra: &str, endpoints: &[String]) ->
 
 pub fn catalog(services: &[String]) -> String {
     format!("services:\n{}", services.concat())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The smallest mesh: one client pod, one payments pod
+// ---------------------------------------------------------------------------------------------
+
+/// The client pod (pod 0, `frontend`) whose catalog lists one service, `payments`, with one
+/// endpoint: pod 1 (identity `payments`, 8080 `auto`, an `Auto` app behind it).
+///
+/// Fields drop in order: the client proxy first, then the server pod, the certificates last.
+pub struct OnePodMesh {
+    pub client: Proxy,
+    pub server: Proxy,
+    pub app: HttpApp,
+    pub certs: Certs,
+    pub client_pod: PodNet,
+    pub server_pod: PodNet,
+}
+
+/// What a [`OnePodMesh`] adds to the plain setup; each part is empty by default.
+#[derive(Default, Clone, Copy)]
+pub struct OnePodExtras<'a> {
+    /// Appended to the server pod's config (e.g. `limits:`).
+    pub server_config: &'a str,
+    /// More fields of the `payments` service, each a line indented by four spaces.
+    pub service: &'a str,
+    /// Appended to the client pod's config (e.g. `limits:`).
+    pub client_config: &'a str,
+}
+
+impl OnePodMesh {
+    pub async fn start() -> OnePodMesh {
+        OnePodMesh::start_with(OnePodExtras::default()).await
+    }
+
+    pub async fn start_with(extras: OnePodExtras<'_>) -> OnePodMesh {
+        let net = Net::fresh();
+        let (client_pod, server_pod) = (net.pod(0), net.pod(1));
+        let certs = certs();
+        let app = HttpApp::auto(server_pod.app(8080)).await;
+        let server = server_proxy_with(
+            &certs,
+            server_pod,
+            "payments",
+            &["{ port: 8080, protocol: auto }"],
+            extras.server_config,
+        )
+        .await;
+        let cat = catalog(&[service(
+            "payments",
+            &certs.spiffe_id(PAYMENTS),
+            extras.service,
+            &[endpoint(server_pod.proxy_ip(), &[8080])],
+        )]);
+        let client = client_proxy(&certs, client_pod, &cat, extras.client_config).await;
+        OnePodMesh {
+            client,
+            server,
+            app,
+            certs,
+            client_pod,
+            server_pod,
+        }
+    }
+
+    /// The client pod's outbound listener.
+    pub fn outbound(&self) -> SocketAddr {
+        self.client_pod.outbound()
+    }
+
+    /// Sends `req` through the client pod's outbound listener over HTTP/1.1.
+    pub async fn send(&self, req: http::Request<http_body_util::Full<bytes::Bytes>>) -> Reply {
+        h1_to(self.outbound())
+            .await
+            .send(req)
+            .await
+            .expect("request through the mesh")
+    }
+
+    /// The request the app saw whose path ends with `suffix`.
+    pub fn seen(&self, suffix: &str) -> Seen {
+        self.app
+            .seen()
+            .into_iter()
+            .find(|s| s.uri.ends_with(suffix))
+            .unwrap_or_else(|| panic!("the app never saw {suffix}"))
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
