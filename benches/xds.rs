@@ -20,6 +20,7 @@ use common::xds::{xds_client_config, ControlPlane, Endpoint, Fixture, Listen, Se
 use common::*;
 
 const QUIET: &str = "warn";
+const SETTLE: Duration = Duration::from_secs(3);
 
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -188,7 +189,8 @@ async fn wait_endpoints(p: &Proxy, want: usize, limit: Duration) {
 
 /// 1,000 services with 10 endpoints each on ports 8080 and 9090; one request to each port of
 /// each subscribes both clusters. The endpoints are not there (the requests fail fast); what is
-/// measured is the proxy's memory holding the subscriptions.
+/// measured is the proxy's memory holding the subscriptions, once settled (the allocator's
+/// free pages are handed back a second after the catalog last changed: `src/memory.rs`).
 async fn rss_of_subscriptions(certs: &Certs, id: &str) {
     let net = Net::fresh();
     let pod = net.pod(0);
@@ -202,7 +204,7 @@ async fn rss_of_subscriptions(certs: &Certs, id: &str) {
     }
     let cp = ControlPlane::start(cp_listen(pod), fx).await;
     let client = xds_pod(certs, pod, &cp).await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    tokio::time::sleep(SETTLE).await;
     let idle = client.rss_kib();
     let out = pod.outbound();
     let mut c = h1_to(out).await;
@@ -224,7 +226,7 @@ async fn rss_of_subscriptions(certs: &Certs, id: &str) {
     let clusters = client.admin_get("/clusters").await.unwrap().json()["clusters"]
         .as_array()
         .map_or(0, Vec::len);
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    tokio::time::sleep(SETTLE).await;
     let full = client.rss_kib();
     println!(
         "1,000 services x 2 ports x 10 endpoints subscribed ({clusters} clusters): RSS {idle} KiB idle -> {full} KiB, +{:.1} MiB",

@@ -19,6 +19,7 @@ pub mod fuzzing;
 pub mod http;
 pub mod identity;
 pub mod inbound;
+pub mod memory;
 pub mod metrics;
 pub mod outbound;
 pub mod readiness;

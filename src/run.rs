@@ -271,6 +271,7 @@ async fn start(
         tokio::spawn(inbound.serve(inbound_listener)),
         tokio::spawn(outbound.serve(outbound_listener)),
     ];
+    crate::memory::trim_after_changes(&catalog);
     match (xds, &cfg.catalog) {
         (Some(xds), _) => xds.spawn(),
         (None, Some(c)) => {
@@ -373,7 +374,7 @@ fn admin_views(
     catalog: &Arc<CatalogStore>,
     clusters: &Arc<Clusters>,
     identity: &Arc<IdentityStore>,
-    xds: Option<Arc<arc_swap::ArcSwap<crate::xds::ads::Status>>>,
+    xds: Option<Arc<std::sync::Mutex<crate::xds::ads::Status>>>,
 ) -> Vec<(&'static str, crate::admin::View)> {
     let c = clusters.clone();
     let clusters_view: crate::admin::View = Box::new(move || c.to_json());
@@ -427,7 +428,7 @@ fn admin_views(
                 "services": catalog.load().services.keys().collect::<Vec<_>>(),
             },
             "clusters": c.to_json()["clusters"].clone(),
-            "xds": xds.as_ref().map(|x| serde_json::to_value(&**x.load()).unwrap_or_default()),
+            "xds": xds.as_ref().map(|x| serde_json::to_value(&*x.lock().unwrap_or_else(|e| e.into_inner())).unwrap_or_default()),
         })
     });
     vec![("/clusters", clusters_view), ("/config_dump", dump)]

@@ -221,13 +221,31 @@ impl Catalog {
     /// Every (endpoint, port, pinned identity) the catalog lists: what a pooled upstream
     /// connection must still match to stay useful.
     pub fn live_upstreams(&self) -> HashSet<(SocketAddr, u16, &SpiffeId)> {
-        self.services
-            .values()
-            .flat_map(|s| {
-                s.endpoints
-                    .iter()
-                    .flat_map(move |e| e.ports.iter().map(move |p| (e.address, *p, &s.identity)))
-            })
-            .collect()
+        self.services.values().flat_map(|s| s.upstreams()).collect()
+    }
+
+    /// Upstreams of `older` that its changed services no longer list (another service may
+    /// still): what pooled connections may have to leave. Services both share (the same
+    /// `Arc`) are skipped, so an update that touches one service costs one service.
+    pub fn upstreams_gone<'a>(&self, older: &'a Catalog) -> Vec<(SocketAddr, u16, &'a SpiffeId)> {
+        let mut gone = Vec::new();
+        for (name, old) in &older.services {
+            let new = self.services.get(name);
+            if new.is_some_and(|n| Arc::ptr_eq(n, old)) {
+                continue;
+            }
+            let kept: HashSet<_> = new.map(|n| n.upstreams().collect()).unwrap_or_default();
+            gone.extend(old.upstreams().filter(|u| !kept.contains(u)));
+        }
+        gone
+    }
+}
+
+impl Service {
+    /// (endpoint, port, pinned identity) for every port of every endpoint.
+    pub fn upstreams(&self) -> impl Iterator<Item = (SocketAddr, u16, &SpiffeId)> + '_ {
+        self.endpoints
+            .iter()
+            .flat_map(move |e| e.ports.iter().map(move |p| (e.address, *p, &self.identity)))
     }
 }

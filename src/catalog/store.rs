@@ -51,6 +51,11 @@ impl CatalogStore {
         self.current.load()
     }
 
+    /// `load`, for holding on to.
+    pub fn load_full(&self) -> Arc<Catalog> {
+        self.current.load_full()
+    }
+
     /// The one entry point for a new catalog: it replaces the current one whole and gets the
     /// next version. Returns that version.
     pub fn apply(&self, mut next: Catalog) -> u64 {

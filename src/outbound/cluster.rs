@@ -198,12 +198,15 @@ impl Cluster {
     }
 }
 
-/// Materialized clusters by service, then port, built from catalog `version`.
+/// Materialized clusters by service, then port, built from catalog `version`. Shared parts
+/// (`Arc`) keep the copy each new cluster or catalog makes cheap with thousands of services.
 #[derive(Default, Clone)]
 struct ClusterMap {
     version: u64,
-    by_service: HashMap<String, HashMap<u16, Arc<Cluster>>>,
+    by_service: HashMap<Arc<str>, Arc<PortClusters>>,
 }
+
+type PortClusters = HashMap<u16, Arc<Cluster>>;
 
 impl ClusterMap {
     fn lookup(&self, service: &str, port: u16) -> Option<Arc<Cluster>> {
@@ -257,10 +260,8 @@ impl Clusters {
         let cluster = Arc::new(self.build_cluster(svc.clone(), port, None));
         tracing::info!(cluster = %cluster.name, endpoints = cluster.endpoints.len(), "cluster materialized");
         let mut next = (*current).clone();
-        next.by_service
-            .entry(service.to_string())
-            .or_default()
-            .insert(port, cluster.clone());
+        let ports = next.by_service.entry(Arc::from(service)).or_default();
+        Arc::make_mut(ports).insert(port, cluster.clone());
         self.map.store(Arc::new(next));
         Some(cluster)
     }
@@ -297,7 +298,8 @@ impl Clusters {
 
     /// The map for `catalog`, rebuilt first (and stored) when it was built from an older one.
     /// Clusters whose service or port is gone are dropped; endpoint state (outlier history,
-    /// in-flight counts) carries over. Called with the build lock held.
+    /// in-flight counts) carries over; clusters of services the catalog did not change are kept.
+    /// Called with the build lock held.
     fn refreshed(&self, catalog: &Catalog) -> Arc<ClusterMap> {
         let current = self.map.load_full();
         if current.version >= catalog.version {
@@ -308,18 +310,24 @@ impl Clusters {
             by_service: HashMap::new(),
         };
         for (service, ports) in current.by_service.iter() {
-            for (port, old) in ports {
-                let rebuilt = catalog
-                    .services
-                    .get(service)
-                    .filter(|s| s.exposes(*port) && s.loaded.contains(port))
-                    .map(|s| Arc::new(self.build_cluster(s.clone(), *port, Some(old))));
-                if let Some(c) = rebuilt {
-                    next.by_service
-                        .entry(service.clone())
-                        .or_default()
-                        .insert(*port, c);
-                }
+            let Some(svc) = catalog.services.get(&**service) else {
+                continue;
+            };
+            // A service the new catalog shares unchanged keeps its clusters as they are.
+            if ports.values().all(|c| Arc::ptr_eq(svc, &c.service)) {
+                next.by_service.insert(service.clone(), ports.clone());
+                continue;
+            }
+            let rebuilt: PortClusters = ports
+                .iter()
+                .filter(|(port, _)| svc.exposes(**port) && svc.loaded.contains(port))
+                .map(|(port, old)| {
+                    let c = self.build_cluster(svc.clone(), *port, Some(old));
+                    (*port, Arc::new(c))
+                })
+                .collect();
+            if !rebuilt.is_empty() {
+                next.by_service.insert(service.clone(), Arc::new(rebuilt));
             }
         }
         let next = Arc::new(next);

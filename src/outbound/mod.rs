@@ -115,19 +115,26 @@ impl Outbound {
     fn follow_catalog(self: &Arc<Self>) {
         let mut changed = self.catalog.subscribe();
         let this = Arc::downgrade(self);
+        let mut seen = self.catalog.load_full();
         tokio::spawn(async move {
             while changed.changed().await.is_ok() {
                 let Some(this) = this.upgrade() else { return };
-                let catalog = this.catalog.load();
-                let live = catalog.live_upstreams();
-                this.upstream
-                    .pool
-                    .retain(|k| live.contains(&(k.endpoint, k.port, &k.identity)));
-                let places: std::collections::HashSet<(SocketAddr, u16)> =
-                    live.iter().map(|(addr, port, _)| (*addr, *port)).collect();
-                for client in this.upstream.identity.current().clients() {
-                    client.sessions.retain(|k| places.contains(k));
+                let catalog = this.catalog.load_full();
+                // Consecutive catalogs: only what left needs looking at. After a skipped one,
+                // connections made for it may match neither, so everything is checked.
+                let skipped = catalog.version != seen.version + 1;
+                if skipped || !catalog.upstreams_gone(&seen).is_empty() {
+                    let live = catalog.live_upstreams();
+                    this.upstream
+                        .pool
+                        .retain(|k| live.contains(&(k.endpoint, k.port, &k.identity)));
+                    let places: std::collections::HashSet<(SocketAddr, u16)> =
+                        live.iter().map(|(addr, port, _)| (*addr, *port)).collect();
+                    for client in this.upstream.identity.current().clients() {
+                        client.sessions.retain(|k| places.contains(k));
+                    }
                 }
+                seen = catalog;
             }
         });
     }

@@ -11,10 +11,9 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use envoy_types::pb::envoy::config::cluster::v3::Cluster as PbCluster;
 use envoy_types::pb::envoy::config::core::v3::{node::UserAgentVersionType, Locality, Node};
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
@@ -85,6 +84,9 @@ impl Kind {
     }
 }
 
+/// The control plane reported a service's default cluster absent.
+struct Absent;
+
 struct Held<T> {
     version: String,
     /// The resource's bytes: a resend of the same bytes changes nothing.
@@ -103,6 +105,71 @@ struct State {
     absent: BTreeSet<String>,
     /// What the server was told we subscribe to, per type.
     subscribed: [BTreeSet<String>; 2],
+    /// Assignment name -> the clusters whose endpoints it carries.
+    eds_users: HashMap<String, BTreeSet<String>>,
+    /// Services whose inputs changed since the last catalog (`dirty`) and since the last
+    /// subscription sync (`sub_dirty`); only these are looked at again, so an update costs the
+    /// services it touches, not the whole catalog.
+    dirty: BTreeSet<String>,
+    sub_dirty: BTreeSet<String>,
+    /// Per service, the names it needs subscribed; per type, how many services need each.
+    wants_of: HashMap<String, [BTreeSet<String>; 2]>,
+    want_count: [HashMap<String, usize>; 2],
+    /// The services of the last catalog, and the services known not to exist.
+    built: BTreeMap<String, Arc<Service>>,
+    absent_services: BTreeSet<String>,
+    /// Names whose entry in `Status` may be stale.
+    noted: BTreeSet<String>,
+}
+
+impl State {
+    /// Marks the services built from resource `name` (a cluster or an assignment) for rebuild.
+    fn touch(&mut self, name: &str, domain: &str) {
+        let named = resources::parse_cluster_name(name, domain).map(|(svc, _)| svc);
+        let users = self.eds_users.get(name).into_iter().flatten();
+        let by_users = users.filter_map(|u| resources::parse_cluster_name(u, domain));
+        for svc in named.into_iter().chain(by_users.map(|(svc, _)| svc)) {
+            self.sub_dirty.insert(svc.clone());
+            self.dirty.insert(svc);
+        }
+    }
+
+    fn put_cluster(&mut self, name: String, held: Held<ClusterRes>) {
+        self.unlink(&name);
+        self.eds_users
+            .entry(held.value.eds_name.clone())
+            .or_default()
+            .insert(name.clone());
+        self.clusters.insert(name, held);
+    }
+
+    fn remove_cluster(&mut self, name: &str) -> bool {
+        self.unlink(name);
+        self.clusters.remove(name).is_some()
+    }
+
+    fn unlink(&mut self, name: &str) {
+        let Some(old) = self.clusters.get(name) else {
+            return;
+        };
+        if let Some(users) = self.eds_users.get_mut(&old.value.eds_name) {
+            users.remove(name);
+            if users.is_empty() {
+                self.eds_users.remove(&old.value.eds_name);
+            }
+        }
+    }
+
+    /// Held names of the service's clusters (`svc.<domain>` and `svc.<domain>:P`), in order.
+    fn names_of<'a>(
+        set: impl Iterator<Item = &'a String> + 'a,
+        default_name: &'a str,
+    ) -> impl Iterator<Item = &'a String> + 'a {
+        set.take_while(move |n| n.starts_with(default_name))
+            .filter(move |n| {
+                n.len() == default_name.len() || n.as_bytes()[default_name.len()] == b':'
+            })
+    }
 }
 
 fn idx(k: Kind) -> usize {
@@ -119,7 +186,8 @@ pub struct Ads {
     node: Node,
     store: Arc<CatalogStore>,
     identity: Arc<IdentityStore>,
-    pub status: Arc<ArcSwap<Status>>,
+    /// Kept up to date name by name (a whole copy per update would cost the catalog's size).
+    pub status: Arc<Mutex<Status>>,
 }
 
 impl Ads {
@@ -162,7 +230,7 @@ impl Ads {
             ..Default::default()
         };
         Ads {
-            status: Arc::new(ArcSwap::from_pointee(Status {
+            status: Arc::new(Mutex::new(Status {
                 address: xds.address.to_string(),
                 ..Default::default()
             })),
@@ -192,7 +260,7 @@ impl Ads {
                 Ok(()) => return, // the store is gone: the process is ending
                 Err(Ended { heard }) => {
                     metrics::get().xds_connected.set(0);
-                    self.publish_status(&state, false);
+                    self.set_connected(false);
                     failures = if heard { 1 } else { failures.saturating_add(1) };
                 }
             }
@@ -249,7 +317,7 @@ impl Ads {
             }
         };
         metrics::get().xds_connected.set(1);
-        self.publish_status(state, true);
+        self.set_connected(true);
         tracing::info!(address = %self.cfg.address, "control plane: connected");
         let sweep_every =
             (self.cfg.idle / 4).clamp(Duration::from_millis(250), Duration::from_secs(60));
@@ -291,21 +359,30 @@ impl Ads {
         if resources::parse_cluster_name(&name, &self.mesh_domain).is_none() {
             return;
         }
-        state
-            .wanted
-            .entry(name)
-            .or_insert_with(|| Arc::new(AtomicU64::new(clock_secs())));
+        if !state.wanted.contains_key(&name) {
+            state.touch(&name, &self.mesh_domain);
+            state
+                .wanted
+                .insert(name, Arc::new(AtomicU64::new(clock_secs())));
+        }
     }
 
     /// Unwanted names whose service port has not been used for `idle`. True when any went.
     fn forget_idle(&self, state: &mut State) -> bool {
         let now = clock_secs();
         let idle = self.cfg.idle.as_secs().max(1);
-        let before = state.wanted.len();
-        state
-            .wanted
-            .retain(|_, used| now.saturating_sub(used.load(Ordering::Relaxed)) < idle);
-        let gone = state.wanted.len() != before;
+        let mut forgotten = Vec::new();
+        state.wanted.retain(|name, used| {
+            let keep = now.saturating_sub(used.load(Ordering::Relaxed)) < idle;
+            if !keep {
+                forgotten.push(name.clone());
+            }
+            keep
+        });
+        for name in &forgotten {
+            state.touch(name, &self.mesh_domain);
+        }
+        let gone = !forgotten.is_empty();
         if gone {
             tracing::info!(
                 left = state.wanted.len(),
@@ -315,15 +392,16 @@ impl Ads {
         gone
     }
 
-    /// The names each type should be subscribed to now.
-    fn desired(&self, state: &State) -> [BTreeSet<String>; 2] {
+    /// The names each type should be subscribed to for service `svc`'s wanted names.
+    fn desired_for(&self, state: &State, svc: &str) -> [BTreeSet<String>; 2] {
         let mut clusters = BTreeSet::new();
         let mut eds = BTreeSet::new();
-        for name in state.wanted.keys() {
-            let Some((svc, port)) = resources::parse_cluster_name(name, &self.mesh_domain) else {
+        let default = format!("{svc}.{}", self.mesh_domain);
+        let wanted = state.wanted.range(default.clone()..).map(|(n, _)| n);
+        for name in State::names_of(wanted, &default) {
+            let Some((_, port)) = resources::parse_cluster_name(name, &self.mesh_domain) else {
                 continue;
             };
-            let default = format!("{svc}.{}", self.mesh_domain);
             clusters.insert(default.clone());
             let Some(d) = state.clusters.get(&default) else {
                 continue;
@@ -337,7 +415,7 @@ impl Ads {
                     clusters.insert(name.clone());
                     name
                 }
-                _ => default,
+                _ => default.clone(),
             };
             if let Some(c) = state.clusters.get(&target) {
                 eds.insert(c.value.eds_name.clone());
@@ -346,25 +424,70 @@ impl Ads {
         [clusters, eds]
     }
 
-    /// Tells the server about subscription changes; forgets what is no longer wanted.
+    /// Tells the server about subscription changes; forgets what is no longer wanted. Only
+    /// the services touched since the last call are looked at (`initial`: a new stream, told
+    /// everything).
     async fn sync_subscriptions(&self, state: &mut State, out: &mut Outgoing, initial: bool) {
-        let desired = self.desired(state);
+        let mut crossed: [BTreeSet<String>; 2] = Default::default();
+        for svc in std::mem::take(&mut state.sub_dirty) {
+            let new = self.desired_for(state, &svc);
+            let old = state.wants_of.remove(&svc).unwrap_or_default();
+            for k in 0..2 {
+                let count = &mut state.want_count[k];
+                for n in new[k].difference(&old[k]) {
+                    let c = count.entry(n.clone()).or_default();
+                    *c += 1;
+                    if *c == 1 {
+                        crossed[k].insert(n.clone());
+                    }
+                }
+                for n in old[k].difference(&new[k]) {
+                    if let Some(c) = count.get_mut(n) {
+                        *c -= 1;
+                        if *c == 0 {
+                            count.remove(n);
+                            crossed[k].insert(n.clone());
+                        }
+                    }
+                }
+            }
+            if !new[0].is_empty() || !new[1].is_empty() {
+                state.wants_of.insert(svc, new);
+            }
+        }
         for kind in [Kind::Cluster, Kind::Endpoint] {
-            let want = &desired[idx(kind)];
-            let have = &state.subscribed[idx(kind)];
-            let subscribe: Vec<String> = want.difference(have).cloned().collect();
-            let unsubscribe: Vec<String> = have.difference(want).cloned().collect();
+            let k = idx(kind);
+            let candidates: Vec<&String> = match initial {
+                true => state.want_count[k].keys().collect(),
+                false => crossed[k].iter().collect(),
+            };
+            let (mut subscribe, mut unsubscribe) = (Vec::new(), Vec::new());
+            for n in candidates {
+                match (
+                    state.want_count[k].contains_key(n),
+                    state.subscribed[k].contains(n),
+                ) {
+                    (true, false) => subscribe.push(n.clone()),
+                    (false, true) => unsubscribe.push(n.clone()),
+                    _ => {}
+                }
+            }
             if subscribe.is_empty() && unsubscribe.is_empty() {
                 continue;
             }
+            subscribe.sort();
             let initial_resource_versions = if initial {
                 held_versions(state, kind)
-                    .filter(|(n, _)| want.contains(*n))
+                    .filter(|(n, _)| state.want_count[k].contains_key(*n))
                     .map(|(n, v)| (n.clone(), v.clone()))
                     .collect()
             } else {
                 HashMap::new()
             };
+            state.subscribed[k].extend(subscribe.iter().cloned());
+            for n in &unsubscribe {
+                state.subscribed[k].remove(n);
+            }
             out.send(DeltaDiscoveryRequest {
                 type_url: kind.type_url().into(),
                 resource_names_subscribe: subscribe,
@@ -373,11 +496,12 @@ impl Ads {
                 ..Default::default()
             })
             .await;
-            state.subscribed[idx(kind)] = want.clone();
             for name in unsubscribe {
+                state.touch(&name, &self.mesh_domain);
+                state.noted.insert(name.clone());
                 match kind {
-                    Kind::Cluster => state.clusters.remove(&name).map(|_| ()),
-                    Kind::Endpoint => state.assignments.remove(&name).map(|_| ()),
+                    Kind::Cluster => state.remove_cluster(&name),
+                    Kind::Endpoint => state.assignments.remove(&name).is_some(),
                 };
                 state.absent.remove(&name);
             }
@@ -398,7 +522,7 @@ impl Ads {
                     self.sync_subscriptions(state, out, false).await;
                     self.apply(state);
                 } else {
-                    self.publish_status(state, true);
+                    self.flush_status(state);
                 }
             }
             Err(e) => {
@@ -410,9 +534,10 @@ impl Ads {
                 };
                 let message = e.to_string();
                 out.send(ack(&resp, Some(message.clone()))).await;
-                let mut status = (**self.status.load()).clone();
-                status.last_nack = Some(Nack { resource, message });
-                self.status.store(Arc::new(status));
+                self.status
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .last_nack = Some(Nack { resource, message });
             }
         }
     }
@@ -451,13 +576,17 @@ impl Ads {
             }
         }
         let mut changed = false;
+        let domain = &self.mesh_domain;
+        state.noted.extend(clusters.iter().map(|c| c.0.clone()));
+        state.noted.extend(assignments.iter().map(|a| a.0.clone()));
+        state.noted.extend(resp.removed_resources.iter().cloned());
         for (name, version, raw, value) in clusters {
-            state.absent.remove(&name);
             let same = state.clusters.get(&name).is_some_and(|h| h.raw == raw);
-            if !same {
+            if state.absent.remove(&name) || !same {
                 changed = true;
+                state.touch(&name, domain);
             }
-            state.clusters.insert(
+            state.put_cluster(
                 name,
                 Held {
                     version,
@@ -467,10 +596,10 @@ impl Ads {
             );
         }
         for (name, version, raw, value) in assignments {
-            state.absent.remove(&name);
             let same = state.assignments.get(&name).is_some_and(|h| h.raw == raw);
-            if !same {
+            if state.absent.remove(&name) || !same {
                 changed = true;
+                state.touch(&name, domain);
             }
             state.assignments.insert(
                 name,
@@ -482,8 +611,9 @@ impl Ads {
             );
         }
         for name in &resp.removed_resources {
+            state.touch(name, domain);
             let had = match kind {
-                Kind::Cluster => state.clusters.remove(name).is_some(),
+                Kind::Cluster => state.remove_cluster(name),
                 Kind::Endpoint => state.assignments.remove(name).is_some(),
             };
             if state.subscribed[idx(kind)].contains(name) && state.absent.insert(name.clone()) {
@@ -495,136 +625,154 @@ impl Ads {
     }
 
     /// A new catalog from what the stream holds, applied to the store.
-    fn apply(&self, state: &State) {
+    fn apply(&self, state: &mut State) {
         let catalog = self.catalog(state);
         self.store.apply(catalog);
-        self.publish_status(state, true);
+        self.flush_status(state);
     }
 
-    fn catalog(&self, state: &State) -> Catalog {
-        let domain = &self.mesh_domain;
-        let mut services = BTreeMap::new();
-        let mut absent = BTreeSet::new();
-        let mut names: BTreeSet<String> = BTreeSet::new();
-        for name in state.clusters.keys().chain(state.absent.iter()) {
-            if let Some((svc, None)) = resources::parse_cluster_name(name, domain) {
-                names.insert(svc);
-            }
-        }
-        for svc in names {
-            let default_name = format!("{svc}.{domain}");
-            let Some(d) = state.clusters.get(&default_name).map(|h| &h.value) else {
-                if state.absent.contains(&default_name) {
-                    absent.insert(svc);
+    /// The catalog: the services touched since the last one are rebuilt, the others shared
+    /// (the same `Arc`, which also lets their materialized clusters stay as they are).
+    fn catalog(&self, state: &mut State) -> Catalog {
+        for svc in std::mem::take(&mut state.dirty) {
+            match self.service(state, &svc) {
+                Some(Ok(built)) => {
+                    state.absent_services.remove(&svc);
+                    state.built.insert(svc, Arc::new(built));
                 }
-                continue;
-            };
-            let port_cluster = |p: u16| -> Option<&ClusterRes> {
-                if p == d.port {
-                    Some(d)
-                } else {
-                    state
-                        .clusters
-                        .get(&format!("{default_name}:{p}"))
-                        .map(|h| &h.value)
+                Some(Err(Absent)) => {
+                    state.built.remove(&svc);
+                    state.absent_services.insert(svc);
                 }
-            };
-            let (ports, ports_complete) = match &d.ports {
-                Some(ps) => (ps.clone(), true),
                 None => {
-                    let mut ps: BTreeSet<u16> = state
-                        .clusters
-                        .values()
-                        .filter(|h| h.value.service == svc)
-                        .filter_map(|h| h.value.named_port)
-                        .collect();
-                    ps.insert(d.port);
-                    (ps, false)
+                    state.built.remove(&svc);
+                    state.absent_services.remove(&svc);
                 }
-            };
-            let absent_ports = state
-                .absent
-                .iter()
-                .filter_map(|n| resources::parse_cluster_name(n, domain))
-                .filter(|(s, _)| *s == svc)
-                .filter_map(|(_, p)| p)
-                .collect();
-            let mut endpoints = Vec::new();
-            let mut loaded = BTreeSet::new();
-            let mut protocols = BTreeMap::new();
-            let mut usage = Usage::new();
-            for &p in &ports {
-                let Some(c) = port_cluster(p) else { continue };
-                protocols.insert(p, c.protocol);
-                let assigned = match state.assignments.get(&c.eds_name) {
-                    Some(h) => &h.value[..],
-                    None if state.absent.contains(&c.eds_name) => &[],
-                    None => continue,
-                };
-                loaded.insert(p);
-                let key = cluster_key(&svc, domain, p, d.port);
-                if let Some(used) = state.wanted.get(&key) {
-                    usage.insert(p, used.clone());
-                }
-                endpoints.extend(assigned.iter().map(|e| Endpoint {
-                    address: e.address,
-                    ports: vec![p],
-                    locality: e.locality.clone(),
-                    labels: e.labels.clone(),
-                    draining: e.draining,
-                    weight: e.weight,
-                    priority: Some(e.priority),
-                }));
             }
-            services.insert(
-                svc.clone(),
-                Arc::new(Service {
-                    name: svc.clone(),
-                    default_port: d.port,
-                    identity: d.identity.clone(),
-                    protocols,
-                    connect_timeout: d
-                        .connect_timeout
-                        .unwrap_or(crate::catalog::model::DEFAULT_CONNECT_TIMEOUT),
-                    request_timeout: d
-                        .request_timeout
-                        .unwrap_or(crate::catalog::model::DEFAULT_REQUEST_TIMEOUT),
-                    max_requests_per_connection: d.max_requests_per_connection,
-                    routes: d.routes.clone(),
-                    outlier: d.outlier,
-                    breakers: d.breakers,
-                    endpoints,
-                    ports,
-                    ports_complete,
-                    absent_ports,
-                    loaded,
-                    usage,
-                }),
-            );
         }
         Catalog {
-            services,
+            services: state.built.clone(),
             version: 0,
             on_demand: Some(OnDemand {
                 timeout: self.cfg.cluster_timeout,
-                absent,
+                absent: state.absent_services.clone(),
             }),
         }
     }
 
-    fn publish_status(&self, state: &State, connected: bool) {
-        let last_nack = self.status.load().last_nack.clone();
-        let resources = held_versions(state, Kind::Cluster)
-            .chain(held_versions(state, Kind::Endpoint))
-            .map(|(n, v)| (n.clone(), v.clone()))
-            .collect();
-        self.status.store(Arc::new(Status {
-            address: self.cfg.address.to_string(),
-            connected,
-            resources,
-            absent: state.absent.clone(),
-            last_nack,
-        }));
+    /// Service `svc` as the held resources describe it; `Err(Absent)`: the control plane said
+    /// its default cluster does not exist; `None`: nothing is known of it (yet).
+    fn service(&self, state: &State, svc: &str) -> Option<Result<Service, Absent>> {
+        let domain = &self.mesh_domain;
+        let default_name = format!("{svc}.{domain}");
+        let Some(d) = state.clusters.get(&default_name).map(|h| &h.value) else {
+            return state.absent.contains(&default_name).then_some(Err(Absent));
+        };
+        let port_cluster = |p: u16| -> Option<&ClusterRes> {
+            if p == d.port {
+                Some(d)
+            } else {
+                state
+                    .clusters
+                    .get(&format!("{default_name}:{p}"))
+                    .map(|h| &h.value)
+            }
+        };
+        let (ports, ports_complete) = match &d.ports {
+            Some(ps) => (ps.clone(), true),
+            None => {
+                let mut ps: BTreeSet<u16> = State::names_of(
+                    state.clusters.range(default_name.clone()..).map(|(n, _)| n),
+                    &default_name,
+                )
+                .filter_map(|n| state.clusters.get(n).and_then(|h| h.value.named_port))
+                .collect();
+                ps.insert(d.port);
+                (ps, false)
+            }
+        };
+        let absent_ports =
+            State::names_of(state.absent.range(default_name.clone()..), &default_name)
+                .filter_map(|n| resources::parse_cluster_name(n, domain))
+                .filter_map(|(_, p)| p)
+                .collect();
+        let mut endpoints = Vec::new();
+        let mut loaded = BTreeSet::new();
+        let mut protocols = BTreeMap::new();
+        let mut usage = Usage::new();
+        for &p in &ports {
+            let Some(c) = port_cluster(p) else { continue };
+            protocols.insert(p, c.protocol);
+            let assigned = match state.assignments.get(&c.eds_name) {
+                Some(h) => &h.value[..],
+                None if state.absent.contains(&c.eds_name) => &[],
+                None => continue,
+            };
+            loaded.insert(p);
+            let key = cluster_key(svc, domain, p, d.port);
+            if let Some(used) = state.wanted.get(&key) {
+                usage.insert(p, used.clone());
+            }
+            endpoints.reserve_exact(assigned.len());
+            endpoints.extend(assigned.iter().map(|e| Endpoint {
+                address: e.address,
+                ports: vec![p],
+                locality: e.locality.clone(),
+                labels: e.labels.clone(),
+                draining: e.draining,
+                weight: e.weight,
+                priority: Some(e.priority),
+            }));
+        }
+        Some(Ok(Service {
+            name: svc.to_string(),
+            default_port: d.port,
+            identity: d.identity.clone(),
+            protocols,
+            connect_timeout: d
+                .connect_timeout
+                .unwrap_or(crate::catalog::model::DEFAULT_CONNECT_TIMEOUT),
+            request_timeout: d
+                .request_timeout
+                .unwrap_or(crate::catalog::model::DEFAULT_REQUEST_TIMEOUT),
+            max_requests_per_connection: d.max_requests_per_connection,
+            routes: d.routes.clone(),
+            outlier: d.outlier,
+            breakers: d.breakers,
+            endpoints,
+            ports,
+            ports_complete,
+            absent_ports,
+            loaded,
+            usage,
+        }))
+    }
+
+    fn set_connected(&self, connected: bool) {
+        self.status
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .connected = connected;
+    }
+
+    /// Brings the status of the names noted since the last flush up to date.
+    fn flush_status(&self, state: &mut State) {
+        let mut status = self.status.lock().unwrap_or_else(|e| e.into_inner());
+        for name in std::mem::take(&mut state.noted) {
+            let version = state
+                .assignments
+                .get(&name)
+                .map(|h| &h.version)
+                .or_else(|| state.clusters.get(&name).map(|h| &h.version));
+            match version {
+                Some(v) => status.resources.insert(name.clone(), v.clone()),
+                None => status.resources.remove(&name),
+            };
+            match state.absent.contains(&name) {
+                true => status.absent.insert(name),
+                false => status.absent.remove(&name),
+            };
+        }
     }
 }
 

@@ -419,5 +419,6 @@ pub fn assignment(cla: &ClusterLoadAssignment) -> Result<Vec<AssignedEndpoint>, 
             .checked_add(e.weight)
             .ok_or_else(|| k.err("endpoints", "weights add up to more than 2^32-1"))?;
     }
+    out.shrink_to_fit(); // held for as long as the subscription lives
     Ok(out)
 }
