@@ -125,15 +125,9 @@ impl Admin {
                 reply(StatusCode::OK, "text/plain", "draining\n")
             }
             (&Method::POST, "/logging") => {
-                let level = req
-                    .uri()
-                    .query()
-                    .unwrap_or("")
-                    .split('&')
-                    .find_map(|kv| kv.strip_prefix("level="))
-                    .unwrap_or("");
-                match (self.set_log_filter)(level) {
-                    Ok(()) => reply(
+                let level = level_param(req.uri().query().unwrap_or(""));
+                match level.and_then(|level| (self.set_log_filter)(&level).map(|()| level)) {
+                    Ok(level) => reply(
                         StatusCode::OK,
                         "text/plain",
                         format!("log filter: {level}\n"),
@@ -174,5 +168,41 @@ impl Admin {
             ListenerStatus::Missing(ports) => not_ready("required listeners missing", ports),
             _ => json(StatusCode::OK, serde_json::json!({"status": "ready"})),
         }
+    }
+}
+
+/// The `level` of `/logging?level=...`, percent-decoded (filters hold `=` and `,`, which
+/// clients encode). Missing or empty is an error: an empty filter would silence everything.
+fn level_param(query: &str) -> Result<String, String> {
+    let raw = query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("level="))
+        .filter(|v| !v.is_empty())
+        .ok_or("missing level: POST /logging?level=<filter>, for example level=debug")?;
+    let level = percent_encoding::percent_decode_str(raw)
+        .decode_utf8()
+        .map_err(|_| format!("level {raw:?} is not UTF-8 once decoded"))?;
+    match level.trim() {
+        "" => Err("missing level: POST /logging?level=<filter>, for example level=debug".into()),
+        l => Ok(l.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_logging_level_is_percent_decoded_and_required() {
+        assert_eq!(level_param("level=debug").unwrap(), "debug");
+        assert_eq!(
+            level_param("x=1&level=aether_proxy%3Ddebug%2Cinfo").unwrap(),
+            "aether_proxy=debug,info"
+        );
+        assert!(level_param("").is_err());
+        assert!(level_param("level=").is_err());
+        assert!(level_param("lvl=debug").is_err());
+        assert!(level_param("level=%20").is_err());
+        assert!(level_param("level=%FF").unwrap_err().contains("UTF-8"));
     }
 }

@@ -83,6 +83,19 @@ async fn admin_endpoints_answer_per_spec() {
         .await
         .unwrap();
     assert_eq!(r.status.as_u16(), 400, "{}", r.text());
+    // Filters with `=` and `,` arrive percent-encoded; a missing level is refused, not
+    // taken as an empty filter (which would silence every log line).
+    let r = proxy
+        .admin_post("/logging?level=aether_proxy%3Ddebug%2Cinfo")
+        .await
+        .unwrap();
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    assert_eq!(r.text(), "log filter: aether_proxy=debug,info\n");
+    for bad in ["/logging", "/logging?level=", "/logging?lvl=debug"] {
+        let r = proxy.admin_post(bad).await.unwrap();
+        assert_eq!(r.status.as_u16(), 400, "{bad}: {}", r.text());
+        assert!(r.text().contains("missing level"), "{bad}: {}", r.text());
+    }
 
     let r = proxy.admin_get("/nope").await.unwrap();
     assert_eq!(r.status.as_u16(), 404);
