@@ -118,6 +118,21 @@ async fn authority_table_through_the_client_proxy() {
             );
         }
     }
+    // A port the service does not expose is counted under the service (port 0: a
+    // client-chosen number must not make a new series).
+    let metrics = client.admin_get("/metrics").await.unwrap().text();
+    assert!(
+        metrics.contains(
+            r#"aether_requests_total{direction="outbound",service="payments",port="0",code="503"} 1"#
+        ),
+        "port-not-exposed counted under its service: {}",
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("aether_requests_total"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+
     // Upper case is lower-cased before matching.
     let r = get_h1(out, "PayMents.Aether.Internal:9090", "/upper").await;
     assert_app_ok(&r, 9090, "upper-case authority");

@@ -235,7 +235,15 @@ impl Outbound {
         };
         let (cluster, protocol) = match self.cluster_for(&auth).await {
             Ok(v) => v,
-            Err(r) => return Outcome::error(r),
+            Err(r) => {
+                let mut out = Outcome::error(r);
+                // The service exists, only the port does not: name it in metrics and the log.
+                // The port stays 0: any client-chosen number would make a new series.
+                if r == Reason::PortNotExposed {
+                    out.service = Some(auth.service.to_string());
+                }
+                return out;
+            }
         };
         let Some(admitted) = cluster.admit() else {
             let mut out = Outcome::error(Reason::Overflow);
