@@ -77,6 +77,8 @@ pub struct Decided {
     /// Metric labels (catalog names only).
     pub service: String,
     pub port: u16,
+    /// Outbound: the identity pinned on the upstream connection (inbound logs the client's).
+    pub peer: Option<SpiffeId>,
 }
 
 impl RequestLog {
@@ -131,7 +133,11 @@ impl RequestLog {
             duration_ms: elapsed.as_secs_f64() * 1000.0,
             bytes_received: self.received.load(Ordering::Relaxed),
             bytes_sent: sent,
-            peer_identity: self.peer_identity.as_ref().map(SpiffeId::as_str),
+            peer_identity: self
+                .peer_identity
+                .as_ref()
+                .or(d.peer.as_ref())
+                .map(SpiffeId::as_str),
             request_id: self.request_id.to_str().ok(),
         });
     }

@@ -89,6 +89,8 @@ async fn dead_endpoint_is_retried_onto_a_live_one() {
             for l in &lines {
                 assert_eq!(l["status"], 200, "{l}");
                 assert_eq!(l["upstream"].as_str(), Some(live_addr.as_str()), "{l}");
+                // The identity pinned on the upstream connection.
+                assert_eq!(l["peer_identity"].as_str(), Some(id.as_str()), "{l}");
             }
             break;
         }

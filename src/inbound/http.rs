@@ -152,6 +152,7 @@ impl HttpChains {
             upstream: Some(std::net::SocketAddr::new(self.app_host, conn.chain.port)),
             service: self.service_label.clone(),
             port: conn.chain.port,
+            peer: None,
         };
         accesslog::finish_with(resp, log, decided, (stream, open.answered())).map(|b| {
             b.guarded("inbound", activity)

@@ -34,6 +34,7 @@ use crate::http::body::{Activity, Metered, ReqBody, RespBody};
 use crate::http::headers;
 use crate::http::server::{serve_until_drained, ConnRequests, RequestOpen, Servers, Timed, Wire};
 use crate::identity::IdentityStore;
+use crate::identity::SpiffeId;
 use crate::metrics::{self, Direction};
 use cluster::{ActiveGuard, Admitted, Cluster, Clusters};
 use connect::Upstream;
@@ -58,6 +59,8 @@ struct Outcome {
     upstream: Option<SocketAddr>,
     service: Option<String>,
     port: u16,
+    /// The identity pinned on the upstream connection, once one was used.
+    peer: Option<SpiffeId>,
     inflight: Option<InFlight>,
     /// The request's place under the cluster's circuit breaker.
     admitted: Option<Admitted>,
@@ -71,6 +74,7 @@ impl Outcome {
             upstream: None,
             service: None,
             port: 0,
+            peer: None,
             inflight: None,
             admitted: None,
         }
@@ -210,6 +214,7 @@ impl Outbound {
             upstream: out.upstream,
             service: out.service.unwrap_or_default(),
             port: out.port,
+            peer: out.peer,
         };
         let stream_idle = crate::http::limits::timers().stream_idle;
         accesslog::finish_with(
@@ -270,6 +275,9 @@ impl Outbound {
         };
         out.service = Some(cluster.service.name.clone());
         out.port = cluster.port;
+        if out.upstream.is_some() {
+            out.peer = Some(cluster.service.identity.clone());
+        }
         out
     }
 
@@ -352,6 +360,7 @@ impl Outbound {
                 upstream: Some(inflight.active.0.address),
                 service: None,
                 port: 0,
+                peer: None,
                 inflight: Some(inflight),
                 admitted: None,
             },
@@ -390,6 +399,7 @@ impl Outbound {
             upstream: Some(ep.address),
             service: None,
             port: 0,
+            peer: None,
             inflight: None,
             admitted: None,
         }
