@@ -113,3 +113,66 @@ async fn connect_tunnels_to_tcp_ports_only() {
         "nothing else reached the echo server"
     );
 }
+
+/// A CONNECT tunnel is routed by the service's `routes` like any request: a header match picks
+/// the canary subset, the default route takes the split.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_tunnels_follow_the_service_routes() {
+    let net = Net::fresh();
+    let (client_pod, v1, v2) = (net.pod(0), net.pod(1), net.pod(2));
+    let certs = certs();
+    let mut echoes = Vec::new();
+    let mut proxies = Vec::new();
+    for pod in [v1, v2] {
+        echoes.push(TcpEcho::start(pod.app(5432)).await);
+        let ports = [
+            "{ port: 8080, protocol: auto }",
+            "{ port: 5432, protocol: tcp }",
+        ];
+        proxies.push(server_proxy(&certs, pod, "payments", &ports).await);
+    }
+    let ep = |pod: PodNet, v: &str| {
+        format!(
+            "      - {{ address: \"{}\", ports: [5432], labels: {{ version: {v} }} }}\n",
+            pod.proxy_ip()
+        )
+    };
+    let routes = "    protocols: { 5432: tcp }\n    routes:\n      - match: { header: x-canary, value: \"1\" }\n        subset: { version: v2 }\n      - split:\n          - { subset: { version: v1 }, weight: 100 }\n";
+    let cat = catalog(&[service(
+        "payments",
+        &certs.spiffe_id(PAYMENTS),
+        routes,
+        &[ep(v1, "v1"), ep(v2, "v2")],
+    )]);
+    let _client = client_proxy(&certs, client_pod, &cat, "").await;
+    let out = client_pod.outbound();
+    let tunnel = |canary: bool| async move {
+        let mut s = tcp_connect(out).await.unwrap();
+        let extra = if canary { "x-canary: 1\r\n" } else { "" };
+        s.write_all(
+            format!("CONNECT payments.aether.internal:5432 HTTP/1.1\r\nHost: payments.aether.internal:5432\r\n{extra}\r\n")
+                .as_bytes(),
+        )
+        .await
+        .unwrap();
+        let head = read_head(&mut s).await.unwrap();
+        assert_eq!(head.status, 200, "CONNECT answer: {:?}", head.headers);
+        s.write_all(b"hello").await.unwrap();
+        let mut back = [0u8; 5];
+        within(IO_TIMEOUT, "echo", s.read_exact(&mut back))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&back, b"hello");
+    };
+    for _ in 0..6 {
+        tunnel(true).await;
+    }
+    assert_eq!(echoes[1].connections(), 6, "the canary header picks v2");
+    assert_eq!(echoes[0].connections(), 0, "no canary tunnel reached v1");
+    for _ in 0..6 {
+        tunnel(false).await;
+    }
+    assert_eq!(echoes[0].connections(), 6, "the default split is v1 only");
+    assert_eq!(echoes[1].connections(), 6, "no default tunnel reached v2");
+}

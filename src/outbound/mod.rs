@@ -378,10 +378,11 @@ impl Outbound {
         admitted: Admitted,
     ) -> Outcome {
         let locality = self.locality.as_ref();
-        let (tls, slot, ep) = match tunnel::open(&self.upstream, locality, cluster, src).await {
-            Ok(v) => v,
-            Err(r) => return Outcome::error(r),
-        };
+        let (tls, slot, ep) =
+            match tunnel::open(&self.upstream, locality, cluster, req.headers(), src).await {
+                Ok(v) => v,
+                Err(r) => return Outcome::error(r),
+            };
         let upgrade = hyper::upgrade::on(&mut req);
         let held = (
             ActiveGuard::new(ep.clone()),

@@ -10,17 +10,21 @@ use hyper_util::rt::TokioIo;
 use super::cluster::{Cluster, ConnSlot, EndpointState};
 use super::connect::{ConnectError, Upstream, UpstreamTls};
 use super::retry::Tries;
+use super::route::choose_subset;
 use crate::config::Locality;
 use crate::http::answer::Reason;
 
-/// Connects to an endpoint of `cluster`, retrying failed connects on other endpoints.
+/// Connects to an endpoint of `cluster` (of the subset the service's `routes` pick for the
+/// CONNECT's headers, as for any request), retrying failed connects on other endpoints.
 pub async fn open(
     up: &Upstream,
     locality: Option<&Locality>,
     cluster: &Cluster,
+    headers: &http::HeaderMap,
     src: IpAddr,
 ) -> Result<(UpstreamTls, ConnSlot, Arc<EndpointState>), Reason> {
-    let mut tries = Tries::new(cluster, None, locality);
+    let subset = choose_subset(&cluster.service, headers, fastrand::u32(..));
+    let mut tries = Tries::new(cluster, subset, locality);
     loop {
         let ep = tries.next()?;
         match up.connect_tcp(cluster, ep.address, src).await {
