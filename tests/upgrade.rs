@@ -479,3 +479,79 @@ async fn the_idle_timeout_closes_an_idle_upgraded_connection() {
         "the stream idle timer must not cut a tunnel"
     );
 }
+
+/// A real Envoy 1.40 as the client pod (fed by the test control plane, `upgrade_configs:
+/// [websocket]` on its listener), an aether-proxy server pod: the same WebSocket exchange.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websocket_from_an_envoy_client_pod_to_an_aether_server_pod() {
+    use common::envoy::{envoy_bin, Bootstrap, Envoy};
+    use common::xds::{cp_addr, ControlPlane, Endpoint, Fixture, Listen, Service};
+
+    let (envoy_path, envoy_version) = envoy_bin();
+    let net = Net::fresh();
+    let certs = certs();
+    let (envoy_pod, server_pod) = (net.pod(5), net.pod(1));
+    let _ws = ws_echo(server_pod.app(9002)).await;
+    let _server = server_proxy(
+        &certs,
+        server_pod,
+        "payments",
+        &[
+            "{ port: 8080, protocol: auto }",
+            "{ port: 9002, protocol: auto }",
+        ],
+    )
+    .await;
+    let fx = Fixture::new()
+        .identity(&certs, "frontend")
+        .with_default_port_aliases()
+        .service(
+            "payments",
+            Service::new(&certs.spiffe_id(PAYMENTS))
+                .endpoint(Endpoint::new(server_pod.proxy_ip(), &[9002])),
+        );
+    let _cp = ControlPlane::start(Listen::Tcp(cp_addr(&net)), fx).await;
+    let node_id = format!("sidecar~{}~frontend-envoy.default", envoy_pod.proxy_ip());
+    let envoy = Envoy::start(
+        &envoy_path,
+        &envoy_version,
+        &Bootstrap {
+            node_id: &node_id,
+            node_cluster: "frontend",
+            xds: cp_addr(&net),
+            outbound: envoy_pod.outbound(),
+            admin: envoy_pod.admin(),
+            mesh_domain: "aether.internal",
+            warm: &[("payments", 8080, &[9002])],
+            odcds_timeout: Duration::from_secs(2),
+            upgrades: &["websocket"],
+        },
+    )
+    .await;
+
+    let tcp = tcp_connect(envoy_pod.outbound()).await.unwrap();
+    let url = format!("ws://{SVC}:9002/chat");
+    let (mut ws, resp) = within(IO_TIMEOUT, "websocket handshake via Envoy", async {
+        tokio_tungstenite::client_async(url.as_str(), tcp).await
+    })
+    .await
+    .unwrap()
+    .unwrap_or_else(|e| panic!("websocket via Envoy: {e}; Envoy log:\n{}", envoy.log()));
+    assert_eq!(resp.status(), 101);
+    ws.send(Message::text("through envoy")).await.unwrap();
+    let got = within(IO_TIMEOUT, "text echo", ws.next()).await.unwrap();
+    assert_eq!(got.unwrap().unwrap(), Message::text("through envoy"));
+    let big: Vec<u8> = (0..1024 * 1024).map(|i| (i % 253) as u8).collect();
+    ws.send(Message::binary(big.clone())).await.unwrap();
+    let got = within(IO_TIMEOUT, "1 MiB echo", ws.next()).await.unwrap();
+    assert!(got.unwrap().unwrap().into_data() == big);
+    ws.send(Message::Ping(b"p".to_vec().into())).await.unwrap();
+    let got = within(IO_TIMEOUT, "pong", ws.next()).await.unwrap();
+    assert_eq!(got.unwrap().unwrap(), Message::Pong(b"p".to_vec().into()));
+    ws.close(None).await.unwrap();
+    let got = within(IO_TIMEOUT, "close", ws.next()).await.unwrap();
+    assert!(
+        matches!(got, Some(Ok(Message::Close(_)))),
+        "the close comes back: {got:?}"
+    );
+}
