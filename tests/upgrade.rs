@@ -249,12 +249,14 @@ async fn websocket_messages_cross_the_mesh_on_http1_and_auto_ports() {
 
         // 10 MiB in one message, both ways.
         let big: Vec<u8> = (0..10 * 1024 * 1024).map(|i| (i % 251) as u8).collect();
+        let t = Instant::now();
         ws.send(Message::binary(big.clone())).await.unwrap();
         let got = within(Duration::from_secs(60), "10 MiB echo", ws.next())
             .await
             .unwrap()
             .unwrap()
             .unwrap();
+        eprintln!("port {port}: 10 MiB message echoed in {:?}", t.elapsed());
         assert!(got.is_binary(), "{}", what("10 MiB kind"));
         assert_eq!(got.len(), big.len(), "{}", what("10 MiB length"));
         assert!(got.into_data() == big, "{}", what("10 MiB content"));

@@ -16,7 +16,7 @@ use tokio::net::TcpStream;
 use super::chain::{Chain, HttpCodec};
 use super::peer::{Peer, TlsStream};
 use crate::accesslog::{self, Decided, RequestLog};
-use crate::drain::{Drain, Phase};
+use crate::drain::{Drain, Phase, Tracker};
 use crate::http::answer::{Body, Reason};
 use crate::http::body::{Activity, Metered, ReqBody, RespBody};
 use crate::http::headers;
@@ -33,6 +33,8 @@ pub struct HttpChains {
     pub app_pool: Arc<Pool<(u16, bool)>>,
     pub servers: Servers,
     pub drain: Drain,
+    /// Upgraded connections outlive their HTTP connection's task; the drain waits for them.
+    pub tracker: Tracker,
     /// `service` label for metrics: this workload's service account.
     pub service_label: String,
 }
@@ -245,7 +247,7 @@ impl HttpChains {
         let far = hyper::upgrade::on(&mut resp);
         headers::strip_hop_by_hop_upgrading(resp.headers_mut(), to);
         let name = format!("app port {port}");
-        let held = open.take().map(RequestOpen::tunnel);
+        let held = (self.tracker.track(), open.take().map(RequestOpen::tunnel));
         tunnel::splice(near, tunnel::Far::Upgraded(far), "inbound", name, held);
         Ok((resp.map(|_| Either::Right(Full::default())), None))
     }
