@@ -165,6 +165,9 @@ async fn run(dir: &Path) -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
+    // Listening before saying "Ctrl-C stops the demo": a signal sent on reading that line
+    // must stop the demo, not kill it.
+    let stop = stop_signals();
     println!("aether-proxy demo: a frontend pod calls two payments pods through their sidecars.\n");
     println!("  frontend sidecar   outbound {CLIENT_OUTBOUND}   admin http://{CLIENT_ADMIN}");
     for p in &PODS {
@@ -194,20 +197,30 @@ async fn run(dir: &Path) -> ExitCode {
         PODS[1].proxy,
         c = dir.join("certs").display()
     );
-    wait_for_stop().await;
+    wait_for_stop(stop).await;
     println!("stopping");
     drop(children);
     ExitCode::SUCCESS
 }
 
-async fn wait_for_stop() {
+type Signals = Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>;
+
+/// SIGINT and SIGTERM, listened for from now on.
+fn stop_signals() -> Signals {
     use tokio::signal::unix::{signal, SignalKind};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
+    Some((
+        signal(SignalKind::interrupt()).ok()?,
+        signal(SignalKind::terminate()).ok()?,
+    ))
+}
+
+async fn wait_for_stop(signals: Signals) {
+    match signals {
+        Some((mut int, mut term)) => tokio::select! {
+            _ = int.recv() => {}
             _ = term.recv() => {}
         },
-        Err(_) => {
+        None => {
             let _ = tokio::signal::ctrl_c().await;
         }
     }

@@ -1,6 +1,7 @@
 //! What every TCP socket of the data path shares, HTTP or not: keepalive, so a peer that
-//! vanished without a FIN is found (SPEC section 8), and splicing two streams for tcp chains
-//! and CONNECT tunnels, which end once no byte moves either way for `Timers::tunnel_idle`.
+//! vanished without a FIN is found (SPEC section 8), and splicing two streams for tcp chains,
+//! CONNECT tunnels and upgraded connections, which end once no byte moves either way for
+//! `Timers::tunnel_idle`.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};

@@ -249,6 +249,7 @@ async fn envoy_accepts_the_resources_and_routes_like_aether() {
             mesh_domain: "aether.internal",
             warm: &[("payments", 8080, &[9090])],
             odcds_timeout: DISCOVERY_TIMEOUT,
+            upgrades: &[],
         },
     )
     .await;

@@ -30,6 +30,7 @@ pub enum Reason {
     UpstreamTimeout,
     Overflow,
     DiscoveryTimeout,
+    UpgradeNotSupported,
 }
 
 impl Reason {
@@ -52,14 +53,16 @@ impl Reason {
             Reason::UpstreamTimeout => "upstream-timeout",
             Reason::Overflow => "overflow",
             Reason::DiscoveryTimeout => "discovery-timeout",
+            Reason::UpgradeNotSupported => "upgrade-not-supported",
         }
     }
 
     pub fn status(self) -> StatusCode {
         match self {
-            Reason::BadAuthority | Reason::NotATcpPort | Reason::NotAnHttpPort => {
-                StatusCode::BAD_REQUEST
-            }
+            Reason::BadAuthority
+            | Reason::NotATcpPort
+            | Reason::NotAnHttpPort
+            | Reason::UpgradeNotSupported => StatusCode::BAD_REQUEST,
             Reason::Forbidden => StatusCode::FORBIDDEN,
             Reason::NoRoute => StatusCode::NOT_FOUND,
             Reason::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
@@ -96,6 +99,9 @@ impl Reason {
             Reason::UpstreamTimeout => "upstream did not answer in time",
             Reason::Overflow => "a circuit breaker of the cluster is full",
             Reason::DiscoveryTimeout => "the control plane did not answer for the cluster in time",
+            Reason::UpgradeNotSupported => {
+                "this port speaks only HTTP/2; HTTP/1.1 upgrades cannot reach it"
+            }
         }
     }
 

@@ -56,6 +56,37 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap) {
     }
 }
 
+/// The protocol an HTTP/1.1 request asks to switch to: its `Upgrade` value, when `Connection`
+/// names `upgrade` too (RFC 9110 7.8). HTTP/2 has no upgrades.
+pub fn upgrade_of<B>(req: &http::Request<B>) -> Option<HeaderValue> {
+    if req.version() != http::Version::HTTP_11 {
+        return None;
+    }
+    let asked = req
+        .headers()
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
+    let to = req.headers().get(http::header::UPGRADE)?;
+    (asked && !to.is_empty()).then(|| to.clone())
+}
+
+/// [`strip_hop_by_hop`] for the two messages of an upgrade (the request and its 101): the
+/// other hop-by-hop headers go, `Upgrade: <to>` and `Connection: upgrade` stay, as the next hop
+/// needs them to switch too.
+pub fn strip_hop_by_hop_upgrading(h: &mut HeaderMap, to: HeaderValue) {
+    strip_hop_by_hop(h);
+    if !to.is_empty() {
+        h.insert(http::header::UPGRADE, to);
+    }
+    h.insert(
+        http::header::CONNECTION,
+        HeaderValue::from_static("upgrade"),
+    );
+}
+
 /// Drops request headers whose names contain `_` (Envoy's `headers_with_underscores_action:
 /// DROP_HEADER`): a name like `x_forwarded_client_cert` may be read as its dashed twin by an
 /// app's framework (CGI-style mapping), so it never reaches one. Returns how many were dropped.
@@ -198,6 +229,37 @@ mod tests {
         h.append("te", HeaderValue::from_static("trailers ,trailers"));
         strip_hop_by_hop(&mut h);
         assert_eq!(h.get_all("te").iter().count(), 2);
+    }
+
+    #[test]
+    fn upgrade_headers_stay_only_for_upgrades() {
+        let req = |version, conn: &'static str| {
+            http::Request::builder()
+                .version(version)
+                .header("connection", conn)
+                .header("upgrade", "websocket")
+                .header("x-named", "1")
+                .body(())
+                .unwrap()
+        };
+        let r = req(http::Version::HTTP_11, "keep-alive, Upgrade, x-named");
+        let to = upgrade_of(&r).expect("an upgrade request");
+        assert_eq!(to, "websocket");
+        let mut h = r.headers().clone();
+        strip_hop_by_hop_upgrading(&mut h, to);
+        assert_eq!(h.get("upgrade").unwrap(), "websocket");
+        assert_eq!(h.get("connection").unwrap(), "upgrade");
+        assert!(!h.contains_key("x-named"));
+        // `Upgrade` without `Connection: upgrade`, or over HTTP/2, is no upgrade: it goes.
+        for r in [
+            req(http::Version::HTTP_11, "keep-alive"),
+            req(http::Version::HTTP_2, "upgrade"),
+        ] {
+            assert!(upgrade_of(&r).is_none());
+            let mut h = r.headers().clone();
+            strip_hop_by_hop(&mut h);
+            assert!(!h.contains_key("upgrade") && !h.contains_key("connection"));
+        }
     }
 
     #[test]

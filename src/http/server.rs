@@ -144,6 +144,9 @@ pub struct ConnRequests {
     finished: std::sync::atomic::AtomicU64,
     premature: std::sync::atomic::AtomicU64,
     abusive: tokio::sync::Notify,
+    /// The connection became a tunnel (CONNECT, an upgrade): the splice's idle timer governs
+    /// it from then on, not the HTTP timers.
+    tunnelled: std::sync::atomic::AtomicBool,
 }
 
 impl ConnRequests {
@@ -162,6 +165,10 @@ impl ConnRequests {
     /// Resolves when the peer is resetting streams abusively.
     pub async fn abused(&self) {
         self.abusive.notified().await
+    }
+
+    fn tunnelled(&self) -> bool {
+        self.tunnelled.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// (between requests, number of requests finished)
@@ -184,6 +191,15 @@ impl RequestOpen {
     pub fn answered(mut self) -> RequestOpen {
         self.answered = true;
         self
+    }
+
+    /// Marks that the connection carries a tunnel from now on: its HTTP timers stop (the
+    /// tunnel has its own idle timer, `sockets::splice`). Hold the result as long as the tunnel.
+    pub fn tunnel(self) -> RequestOpen {
+        self.conn
+            .tunnelled
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.answered()
     }
 }
 
@@ -412,6 +428,9 @@ impl<S> Timed<S> {
 
     /// The timer that applies now, if any.
     fn wanted(&mut self, between: bool, n: u64) -> Option<(Timer, tokio::time::Instant)> {
+        if self.requests.tunnelled() {
+            return None;
+        }
         let t = self.timers;
         if let Seen::H2(Frames {
             block_since: Some(since),

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use http::{HeaderValue, Request, Response};
-use http_body_util::Either;
+use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
@@ -16,14 +16,15 @@ use tokio::net::TcpStream;
 use super::chain::{Chain, HttpCodec};
 use super::peer::{Peer, TlsStream};
 use crate::accesslog::{self, Decided, RequestLog};
-use crate::drain::{Drain, Phase};
-use crate::http::answer::Reason;
+use crate::drain::{Drain, Phase, Tracker};
+use crate::http::answer::{Body, Reason};
 use crate::http::body::{Activity, Metered, ReqBody, RespBody};
 use crate::http::headers;
 use crate::http::server::{serve_until_drained, ConnRequests, RequestOpen, Servers, Timed, Wire};
 use crate::identity::SpiffeId;
 use crate::metrics::Direction;
 use crate::outbound::pool::{self, Conn, Pool, SendError, StreamGuard};
+use crate::outbound::{tunnel, upgrade};
 
 /// What every HTTP chain shares: the app it forwards to and the servers it speaks with.
 pub struct HttpChains {
@@ -32,6 +33,8 @@ pub struct HttpChains {
     pub app_pool: Arc<Pool<(u16, bool)>>,
     pub servers: Servers,
     pub drain: Drain,
+    /// Upgraded connections outlive their HTTP connection's task; the drain waits for them.
+    pub tracker: Tracker,
     /// `service` label for metrics: this workload's service account.
     pub service_label: String,
 }
@@ -75,10 +78,12 @@ impl HttpChains {
                 serve_until_drained!(s.h2.serve_connection(io, svc), drain, requests, "inbound")
             }
             HttpCodec::H1 => {
-                serve_until_drained!(s.h1.serve_connection(io, svc), drain, requests, "inbound")
+                let conn = s.h1.serve_connection(io, svc).with_upgrades();
+                serve_until_drained!(conn, drain, requests, "inbound")
             }
             HttpCodec::Sniff => {
-                serve_until_drained!(s.auto.serve_connection(io, svc), drain, requests, "inbound")
+                let conn = s.auto.serve_connection_with_upgrades(io, svc);
+                serve_until_drained!(conn, drain, requests, "inbound")
             }
         };
         if let Err(e) = result {
@@ -128,9 +133,10 @@ impl HttpChains {
             req.map(|b| Metered::new(b, log.received.clone()).guarded("inbound", activity.clone()));
         // The app must start its answer in time (SPEC section 8), the request body's upload
         // included.
+        let mut open = Some(open);
         let forwarded = tokio::time::timeout(
             timers.first_byte,
-            self.forward(req, conn, &log.authority, oversized),
+            self.forward(req, conn, &log.authority, oversized, &mut open),
         )
         .await
         .unwrap_or_else(|_| {
@@ -138,7 +144,7 @@ impl HttpChains {
             Err(Reason::UpstreamTimeout)
         });
         let (mut resp, reason, stream) = match forwarded {
-            Ok((resp, stream)) => (resp.map(Either::Left), None, stream),
+            Ok((resp, stream)) => (resp, None, stream),
             Err(reason) => (reason.response(), Some(reason), None),
         };
         if self.drain.phase() >= Phase::Closing {
@@ -154,7 +160,8 @@ impl HttpChains {
             port: conn.chain.port,
             peer: None,
         };
-        accesslog::finish_with(resp, log, decided, (stream, open.answered())).map(|b| {
+        let held = (stream, open.map(RequestOpen::answered));
+        accesslog::finish_with(resp, log, decided, held).map(|b| {
             b.guarded("inbound", activity)
                 .idle_timeout(timers.stream_idle)
         })
@@ -166,15 +173,20 @@ impl HttpChains {
         conn: &ConnCtx,
         authority: &str,
         oversized: bool,
-    ) -> Result<(Response<Incoming>, Option<StreamGuard>), Reason> {
+        open: &mut Option<RequestOpen>,
+    ) -> Result<(Response<Body>, Option<StreamGuard>), Reason> {
         if oversized {
             return Err(Reason::HeadersTooLarge);
         }
         if !conn.chain.allows(&conn.peer.spiffe_id) {
             return Err(Reason::Forbidden);
         }
+        let upgrade_to = headers::upgrade_of(&req);
         let h = req.headers_mut();
-        headers::strip_hop_by_hop(h);
+        match upgrade_to.clone() {
+            Some(to) => headers::strip_hop_by_hop_upgrading(h, to),
+            None => headers::strip_hop_by_hop(h),
+        }
         // Only this proxy may speak for the peer's certificate.
         h.insert(headers::XFCC, conn.xfcc.clone());
         let to_h2 = conn.chain.to_app_h2(req.version());
@@ -186,6 +198,13 @@ impl HttpChains {
         } else {
             authority
         };
+        if upgrade_to.is_some() {
+            if to_h2 {
+                return Err(Reason::UpgradeNotSupported);
+            }
+            headers::retarget(&mut req, false, authority)?;
+            return self.upgrade(req, port, open).await;
+        }
         headers::retarget(&mut req, to_h2, authority)?;
         let key = (port, to_h2);
         let sender = match self.app_pool.get(&key, 0) {
@@ -201,10 +220,40 @@ impl HttpChains {
             }
         };
         headers::strip_hop_by_hop(resp.headers_mut());
-        Ok((resp, stream))
+        Ok((resp.map(Either::Left), stream))
     }
 
-    async fn connect_app(&self, port: u16, h2: bool) -> Result<Conn, Reason> {
+    /// An HTTP/1.1 upgrade to the app, on a connection of its own: after the app's 101 the
+    /// peer's connection and the app's are spliced (the tunnel holds the request's place on
+    /// the peer connection); any other answer is an ordinary response.
+    async fn upgrade(
+        &self,
+        mut req: Request<ReqBody>,
+        port: u16,
+        open: &mut Option<RequestOpen>,
+    ) -> Result<(Response<Body>, Option<StreamGuard>), Reason> {
+        let near = hyper::upgrade::on(&mut req);
+        let tcp = self.dial_app(port).await?;
+        let mut sender = pool::handshake_h1(TokioIo::new(tcp), ())
+            .await
+            .map_err(|_| Reason::AppUnavailable)?;
+        let mut resp = sender.send_request(req).await.map_err(|e| {
+            tracing::debug!(port, "inbound: app broke the upgrade: {e}");
+            Reason::UpstreamProtocolError
+        })?;
+        let Some(to) = upgrade::switched_to(&resp) else {
+            headers::strip_hop_by_hop(resp.headers_mut());
+            return Ok((resp.map(Either::Left), None));
+        };
+        let far = hyper::upgrade::on(&mut resp);
+        headers::strip_hop_by_hop_upgrading(resp.headers_mut(), to);
+        let name = format!("app port {port}");
+        let held = (self.tracker.track(), open.take().map(RequestOpen::tunnel));
+        tunnel::splice(near, tunnel::Far::Upgraded(far), "inbound", name, held);
+        Ok((resp.map(|_| Either::Right(Full::default())), None))
+    }
+
+    async fn dial_app(&self, port: u16) -> Result<TcpStream, Reason> {
         let tcp = TcpStream::connect((self.app_host, port))
             .await
             .map_err(|e| {
@@ -212,6 +261,11 @@ impl HttpChains {
                 Reason::AppUnavailable
             })?;
         crate::sockets::tune(&tcp);
+        Ok(tcp)
+    }
+
+    async fn connect_app(&self, port: u16, h2: bool) -> Result<Conn, Reason> {
+        let tcp = self.dial_app(port).await?;
         let io = TokioIo::new(tcp);
         if h2 {
             let s = pool::handshake_h2(io, ()).await.map_err(|e| {

@@ -77,6 +77,7 @@ impl Inbound {
                 app_pool: Pool::new(),
                 servers: Servers::new(),
                 drain: drain.clone(),
+                tracker: tracker.clone(),
                 service_label,
             }),
             drain,

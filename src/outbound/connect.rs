@@ -51,6 +51,10 @@ pub enum ConnectError {
         protocol: &'static str,
         source: hyper::Error,
     },
+    /// An upgrade's connection: the server's chain for the port chose HTTP/2, which has no
+    /// HTTP/1.1 upgrades.
+    #[error("{addr} serves the port over HTTP/2 only")]
+    H2Only { addr: SocketAddr },
     /// The cluster's connection breaker is full; nothing was dialled.
     #[error("the cluster's connection limit is reached")]
     Overflow,
@@ -61,6 +65,7 @@ impl ConnectError {
         match self {
             ConnectError::Identity { .. } => Reason::UpstreamIdentityMismatch,
             ConnectError::Overflow => Reason::Overflow,
+            ConnectError::H2Only { .. } => Reason::UpgradeNotSupported,
             ConnectError::Tcp { .. }
             | ConnectError::Setup(_)
             | ConnectError::Tls { .. }
@@ -78,6 +83,7 @@ impl ConnectError {
             ConnectError::Setup(_)
             | ConnectError::Identity { .. }
             | ConnectError::Http { .. }
+            | ConnectError::H2Only { .. }
             | ConnectError::Overflow => None,
         }
     }
@@ -225,6 +231,41 @@ impl Upstream {
         )
         .await?;
         Ok((tls, slot))
+    }
+
+    /// A new HTTP/1.1 connection for one upgrade request, never pooled (once upgraded it
+    /// carries only that tunnel). HTTP/1.1 is offered first; a server whose chain for the port
+    /// speaks only HTTP/2 picks h2, and the upgrade cannot go there. The breaker place is shared
+    /// by the connection and, after a 101, the tunnel.
+    pub async fn connect_upgrade(
+        &self,
+        cluster: &Cluster,
+        endpoint: SocketAddr,
+        src: IpAddr,
+    ) -> Result<(pool::H1, Arc<ConnSlot>), ConnectError> {
+        let slot = Arc::new(cluster.connection_slot().ok_or(ConnectError::Overflow)?);
+        let svc = &cluster.service;
+        let contexts = self.identity.current();
+        let tls = connect(
+            contexts.connector_for(self.source_key(src)),
+            endpoint,
+            cluster.port,
+            Some(alpn_wire(false)),
+            &svc.identity,
+            svc.connect_timeout,
+        )
+        .await?;
+        if tls.ssl().selected_alpn_protocol() == Some(ALPN_H2) {
+            return Err(ConnectError::H2Only { addr: endpoint });
+        }
+        let s = pool::handshake_h1(TokioIo::new(tls), slot.clone())
+            .await
+            .map_err(|source| ConnectError::Http {
+                addr: endpoint,
+                protocol: "h1",
+                source,
+            })?;
+        Ok((s, slot))
     }
 
     /// A new HTTP connection for `key`, in the protocol the server chose by ALPN. A new HTTP/2

@@ -24,6 +24,16 @@ pub struct InFlight {
     stream: Option<StreamGuard>,
 }
 
+impl InFlight {
+    /// A request on a connection of its own.
+    pub fn unpooled(active: ActiveGuard) -> InFlight {
+        InFlight {
+            active,
+            stream: None,
+        }
+    }
+}
+
 /// Sends `req` to `cluster`; the response comes with its hop-by-hop headers removed.
 pub async fn forward(
     up: &Upstream,

@@ -3,7 +3,8 @@
 //!
 //! listener (this file) -> `route` (authority -> service and port) -> `cluster` (the port's
 //! endpoints) -> `lb` (one endpoint) -> `pool` / `connect` (a pooled or new mTLS connection,
-//! SNI chosen and SAN pinned) -> `forward` (HTTP, with `retry`) or `tunnel` (CONNECT).
+//! SNI chosen and SAN pinned) -> `forward` (HTTP, with `retry`), `upgrade` (HTTP/1.1 upgrades)
+//! or `tunnel` (CONNECT, and the bytes of upgraded connections).
 
 pub mod cluster;
 pub mod connect;
@@ -13,6 +14,7 @@ pub mod pool;
 pub mod retry;
 pub mod route;
 pub mod tunnel;
+pub mod upgrade;
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
@@ -257,14 +259,20 @@ impl Outbound {
             return out;
         };
         let is_connect = req.method() == Method::CONNECT;
-        let mut out = match (is_connect, protocol) {
-            (true, PortProtocol::Http) => Outcome::error(Reason::NotATcpPort),
-            (false, PortProtocol::Tcp) => Outcome::error(Reason::NotAnHttpPort),
-            (true, PortProtocol::Tcp) => {
+        let upgrade_to = headers::upgrade_of(&req);
+        let mut out = match (is_connect, protocol, upgrade_to) {
+            (true, PortProtocol::Http, _) => Outcome::error(Reason::NotATcpPort),
+            (false, PortProtocol::Tcp, _) => Outcome::error(Reason::NotAnHttpPort),
+            (true, PortProtocol::Tcp, _) => {
                 // Boxed: a tunnel's connect machinery would otherwise enlarge every request.
                 Box::pin(self.tunnel(req, &cluster, src, open, admitted)).await
             }
-            (false, PortProtocol::Http) => {
+            (false, PortProtocol::Http, Some(to)) => {
+                // Boxed: as for tunnels, upgrades are the rare path.
+                let up = self.upgrade(req, to, &cluster, authority, src, open, admitted);
+                Box::pin(up).await
+            }
+            (false, PortProtocol::Http, None) => {
                 // Boxed once here: the exchange's future is large (retries, the pool, the
                 // timeout), and unboxed it would be copied with every enclosing future each time
                 // one is moved (measured: several KiB copied per request).
@@ -368,6 +376,69 @@ impl Outbound {
         }
     }
 
+    /// An HTTP/1.1 upgrade: after the endpoint's 101, the request's connection and the
+    /// upstream one are spliced (the tunnel holds the request's place, the cluster's breakers
+    /// and the endpoint's in-flight count); a refusal is an ordinary response.
+    #[allow(clippy::too_many_arguments)]
+    async fn upgrade(
+        &self,
+        mut req: Request<ReqBody>,
+        to: HeaderValue,
+        cluster: &Cluster,
+        authority: &str,
+        src: IpAddr,
+        open: &mut Option<RequestOpen>,
+        admitted: Admitted,
+    ) -> Outcome {
+        let near = hyper::upgrade::on(&mut req);
+        let locality = self.locality.as_ref();
+        let answer = upgrade::send(&self.upstream, locality, req, to, cluster, authority, src);
+        match answer.await {
+            Err(r) => {
+                let mut out = Outcome::error(r);
+                out.admitted = Some(admitted);
+                out
+            }
+            Ok(upgrade::Answer::Refused { resp, active }) => Outcome {
+                resp: resp.map(Either::Left),
+                reason: None,
+                upstream: Some(active.0.address),
+                service: None,
+                port: 0,
+                peer: None,
+                inflight: Some(InFlight::unpooled(active)),
+                admitted: Some(admitted),
+            },
+            Ok(upgrade::Answer::Switched {
+                resp,
+                far,
+                slot,
+                active,
+            }) => {
+                let upstream = Some(active.0.address);
+                let held = (
+                    active,
+                    admitted,
+                    slot,
+                    self.tracker.track(),
+                    open.take().map(RequestOpen::tunnel),
+                );
+                let far = tunnel::Far::Upgraded(far);
+                tunnel::splice(near, far, "outbound", cluster.name.clone(), held);
+                Outcome {
+                    resp: resp.map(|_| Either::Right(Full::default())),
+                    reason: None,
+                    upstream,
+                    service: None,
+                    port: 0,
+                    peer: None,
+                    inflight: None,
+                    admitted: None,
+                }
+            }
+        }
+    }
+
     /// Answers 200 once a tunnel to an endpoint is open; the bytes flow after the upgrade.
     async fn tunnel(
         &self,
@@ -389,9 +460,15 @@ impl Outbound {
             admitted,
             slot,
             self.tracker.track(),
-            open.take().map(RequestOpen::answered),
+            open.take().map(RequestOpen::tunnel),
         );
-        tunnel::splice(upgrade, tls, cluster.name.clone(), held);
+        tunnel::splice(
+            upgrade,
+            tunnel::Far::Tls(tls),
+            "outbound",
+            cluster.name.clone(),
+            held,
+        );
         let mut resp = Response::new(Either::Right(Full::default()));
         *resp.status_mut() = StatusCode::OK;
         Outcome {

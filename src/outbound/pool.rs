@@ -295,7 +295,9 @@ where
         .handshake(io)
         .await?;
     tokio::spawn(async move {
-        if let Err(e) = conn.await {
+        // Upgradable: after a 101 the connection's IO goes to whoever took the response's
+        // upgrade (only upgrade requests, on unpooled connections, can get one).
+        if let Err(e) = conn.with_upgrades().await {
             tracing::debug!("upstream h1 connection ended: {e}");
         }
         drop(held);

@@ -1,6 +1,8 @@
 //! `CONNECT host:port` to a tcp port: a raw mTLS connection (no ALPN) to an endpoint, then bytes
-//! both ways between the app and it, half-close respected.
+//! both ways between the app and it, half-close respected. Upgraded HTTP/1.1 connections (both
+//! listeners) are spliced here too.
 
+use std::io;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -43,22 +45,42 @@ pub async fn open(
     }
 }
 
-/// Copies bytes both ways once the app's side of the CONNECT is upgraded; `held` (in-flight
-/// counts, the drain tracker) is released when the tunnel ends.
-pub fn splice<G: Send + 'static>(upgrade: OnUpgrade, mut tls: UpstreamTls, name: String, held: G) {
+/// The far side of a tunnel.
+pub enum Far {
+    /// A connection opened for the tunnel (CONNECT).
+    Tls(UpstreamTls),
+    /// The connection the next hop's `101` answer hands over (an HTTP/1.1 upgrade).
+    Upgraded(OnUpgrade),
+}
+
+/// Copies bytes both ways once the near side (the request's connection) is upgraded, half-close
+/// respected, until `tunnel_idle` passes without a byte; `held` (in-flight counts, the drain
+/// tracker, the request's place on its connection) is released when the tunnel ends. Idle ends
+/// are counted for `listener`.
+pub fn splice<G: Send + 'static>(
+    near: OnUpgrade,
+    far: Far,
+    listener: &'static str,
+    name: String,
+    held: G,
+) {
     tokio::spawn(async move {
-        match upgrade.await {
-            Ok(up) => {
-                let mut up = TokioIo::new(up);
-                let idle = crate::http::limits::timers().tunnel_idle;
-                match crate::sockets::splice(&mut up, &mut tls, idle, "outbound").await {
-                    Ok((a, b)) => {
-                        tracing::debug!(cluster = %name, up = a, down = b, "tunnel done")
-                    }
-                    Err(e) => tracing::debug!(cluster = %name, "tunnel ended: {e}"),
+        let idle = crate::http::limits::timers().tunnel_idle;
+        let r = async {
+            let mut near = TokioIo::new(near.await.map_err(io::Error::other)?);
+            match far {
+                Far::Tls(mut tls) => {
+                    crate::sockets::splice(&mut near, &mut tls, idle, listener).await
+                }
+                Far::Upgraded(up) => {
+                    let mut up = TokioIo::new(up.await.map_err(io::Error::other)?);
+                    crate::sockets::splice(&mut near, &mut up, idle, listener).await
                 }
             }
-            Err(e) => tracing::debug!(cluster = %name, "CONNECT upgrade failed: {e}"),
+        };
+        match r.await {
+            Ok((a, b)) => tracing::debug!(%name, up = a, down = b, "tunnel done"),
+            Err(e) => tracing::debug!(%name, "tunnel ended: {e}"),
         }
         drop(held);
     });

@@ -99,6 +99,8 @@ pub struct Bootstrap<'a> {
     pub warm: &'a [(&'a str, u16, &'a [u16])],
     /// The on-demand filter's wait for a cluster (aether's `cluster_timeout`).
     pub odcds_timeout: Duration,
+    /// HTTP/1.1 upgrade types the listener forwards (`upgrade_configs`), e.g. `websocket`.
+    pub upgrades: &'a [&'a str],
 }
 
 /// The bootstrap, as JSON (Envoy reads `-c file.json`), with the access log at `access_log`.
@@ -179,6 +181,7 @@ pub fn bootstrap(b: &Bootstrap, access_log: &Path) -> serde_json::Value {
                             "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
                             "stat_prefix": "outbound",
                             "codec_type": "AUTO",
+                            "upgrade_configs": b.upgrades.iter().map(|t| json!({ "upgrade_type": t })).collect::<Vec<_>>(),
                             // The port is a selector: never stripped.
                             "strip_any_host_port": false,
                             "access_log": [{
