@@ -65,6 +65,8 @@ pub struct Metered<B> {
     bytes: Arc<AtomicU64>,
     on_end: Option<OnEnd>,
     guard: Option<Guard>,
+    /// A request body not to be read until the next hop's `100 Continue` (`expect.rs`).
+    held: Option<super::expect::Held>,
 }
 
 /// A request body on its way upstream.
@@ -79,7 +81,22 @@ impl<B> Metered<B> {
             bytes,
             on_end: None,
             guard: None,
+            held: None,
         }
+    }
+
+    /// For a request that `expects_continue`: the body waits for its gate.
+    pub fn held_for_continue(mut self, expects: bool) -> Metered<B> {
+        if expects {
+            let gate = Arc::new(super::expect::ContinueGate::default());
+            self.held = Some(super::expect::Held::new(gate));
+        }
+        self
+    }
+
+    /// The gate a held body waits for, while it waits.
+    pub fn continue_gate(&self) -> Option<&Arc<super::expect::ContinueGate>> {
+        self.held.as_ref().map(|h| h.gate())
     }
 
     pub fn on_end(mut self, f: OnEnd) -> Metered<B> {
@@ -137,6 +154,12 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         use std::future::Future;
         let this = &mut *self;
+        if let Some(held) = this.held.as_mut() {
+            if held.poll_open(cx).is_pending() {
+                return Poll::Pending;
+            }
+            this.held = None;
+        }
         let r = Pin::new(&mut this.inner).poll_frame(cx);
         match r {
             Poll::Ready(Some(Ok(frame))) => {

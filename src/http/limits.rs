@@ -38,6 +38,10 @@ pub const HYPER_MAX_BUF: usize = 112 << 10;
 /// request.
 pub const HYPER_MAX_HEADERS: usize = 1024;
 
+/// How long a request body expecting `100 Continue` waits for the next hop's 100 before it is
+/// sent anyway (curl waits as long), for apps that ignore the expectation.
+pub const EXPECT_CONTINUE_WAIT: Duration = Duration::from_secs(1);
+
 /// Idle pooled upstream connections close after this long (SPEC section 8).
 pub const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 

@@ -1,9 +1,10 @@
 //! HTTP as both listeners speak it: server settings, limits and downstream timers
-//! (`server.rs`, `limits.rs`), metered bodies (`body.rs`), header rules (`headers.rs`), and the
-//! proxy's own error answers (`answer.rs`, SPEC section 7).
+//! (`server.rs`, `limits.rs`), metered bodies (`body.rs`), header rules (`headers.rs`), `Expect: 100-continue`
+//! (`expect.rs`), and the proxy's own error answers (`answer.rs`, SPEC section 7).
 
 pub mod answer;
 pub mod body;
+pub mod expect;
 pub mod headers;
 pub mod limits;
 pub mod server;

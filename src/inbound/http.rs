@@ -129,8 +129,12 @@ impl HttpChains {
         );
         let timers = crate::http::limits::timers();
         let activity = Activity::new();
-        let req =
-            req.map(|b| Metered::new(b, log.received.clone()).guarded("inbound", activity.clone()));
+        let expects = crate::http::expect::expects_continue(&req);
+        let req = req.map(|b| {
+            Metered::new(b, log.received.clone())
+                .guarded("inbound", activity.clone())
+                .held_for_continue(expects)
+        });
         // The app must start its answer in time (SPEC section 8), the request body's upload
         // included.
         let mut open = Some(open);

@@ -196,8 +196,12 @@ impl Outbound {
         .to_string();
         let log = RequestLog::new(Direction::outbound, &req, authority, request_id, None);
         let activity = Activity::new();
-        let req = req
-            .map(|b| Metered::new(b, log.received.clone()).guarded("outbound", activity.clone()));
+        let expects = crate::http::expect::expects_continue(&req);
+        let req = req.map(|b| {
+            Metered::new(b, log.received.clone())
+                .guarded("outbound", activity.clone())
+                .held_for_continue(expects)
+        });
         // A CONNECT tunnel takes the request's place on the connection for its whole life.
         let mut open = Some(open);
         let mut out = if oversized {

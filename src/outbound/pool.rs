@@ -256,9 +256,10 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
         self: &Arc<Self>,
         key: &K,
         conn: Conn,
-        req: http::Request<ReqBody>,
+        mut req: http::Request<ReqBody>,
         max_uses: u32,
     ) -> Result<(http::Response<hyper::body::Incoming>, Option<StreamGuard>), SendError> {
+        crate::http::expect::arm(&mut req, matches!(conn, Conn::H2(..)));
         let unsent = |mut e: hyper::client::conn::TrySendError<http::Request<ReqBody>>| match e
             .take_message()
         {

@@ -1,0 +1,749 @@
+//! SPEC section 11, second bullet: `Expect: 100-continue`, HTTP/1.0 requests, chunked bodies
+//! with trailers across h1 <-> h2, and bodies of any size, through a client pod's sidecar and
+//! the payments pod's sidecar to apps written here (raw sockets where the wire matters).
+
+mod common;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::mesh::*;
+use common::*;
+use http::{HeaderMap, Request, Response};
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// The payments pod's ports: 8080 `auto` to the ordinary recording app; 9001 `http1` to a raw
+/// app that answers `Expect: 100-continue` itself; 9002 `h2` to an h2c trailers app; 9003
+/// `http1` to an HTTP/1.1 trailers app; 9004 `http1` to the bulk app (1 GiB up and down).
+const PORTS: [u16; 5] = [8080, 9001, 9002, 9003, 9004];
+
+type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+struct Mesh {
+    client: Proxy,
+    server: Proxy,
+    app: HttpApp,
+    cont: ContinueApp,
+    h2_trailers: TrailersApp,
+    h1_trailers: TrailersApp,
+    _bulk: BulkApp,
+    _certs: Certs,
+    client_pod: PodNet,
+}
+
+impl Mesh {
+    async fn start() -> Mesh {
+        let net = Net::fresh();
+        let (client_pod, server_pod) = (net.pod(0), net.pod(1));
+        let certs = certs();
+        let app = HttpApp::auto(server_pod.app(8080)).await;
+        let cont = ContinueApp::start(server_pod.app(9001)).await;
+        let h2_trailers = TrailersApp::start(server_pod.app(9002), true).await;
+        let h1_trailers = TrailersApp::start(server_pod.app(9003), false).await;
+        let bulk = BulkApp::start(server_pod.app(9004)).await;
+        let server = server_proxy(
+            &certs,
+            server_pod,
+            "payments",
+            &[
+                "{ port: 8080, protocol: auto }",
+                "{ port: 9001, protocol: http1 }",
+                "{ port: 9002, protocol: h2 }",
+                "{ port: 9003, protocol: http1 }",
+                "{ port: 9004, protocol: http1 }",
+            ],
+        )
+        .await;
+        let cat = catalog(&[service(
+            "payments",
+            &certs.spiffe_id(PAYMENTS),
+            "",
+            &[endpoint(server_pod.proxy_ip(), &PORTS)],
+        )]);
+        let client = client_proxy(&certs, client_pod, &cat, "").await;
+        Mesh {
+            client,
+            server,
+            app,
+            cont,
+            h2_trailers,
+            h1_trailers,
+            _bulk: bulk,
+            _certs: certs,
+            client_pod,
+        }
+    }
+
+    fn outbound(&self) -> SocketAddr {
+        self.client_pod.outbound()
+    }
+}
+
+/// Serves `svc` on every connection of `listener`: h2c only when `h2`, else HTTP/1.1 only.
+fn serve<F, Fut>(listener: TcpListener, h2: bool, handler: F) -> tokio::task::JoinHandle<()>
+where
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Response<Body>> + Send + 'static,
+{
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let handler = handler.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req| {
+                    let h = handler.clone();
+                    async move { Ok::<_, Infallible>(h(req).await) }
+                });
+                let mut b = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                b = if h2 { b.http2_only() } else { b.http1_only() };
+                b.http1().max_headers(1024);
+                let _ = b.serve_connection(TokioIo::new(tcp), svc).await;
+            });
+        }
+    })
+}
+
+/// A body of `data` then, when not empty, `trailers`.
+fn body_with_trailers(data: &'static [u8], trailers: HeaderMap) -> Body {
+    let mut frames = vec![Ok::<_, Infallible>(Frame::data(Bytes::from_static(data)))];
+    if !trailers.is_empty() {
+        frames.push(Ok(Frame::trailers(trailers)));
+    }
+    StreamBody::new(futures_util::stream::iter(frames)).boxed()
+}
+
+fn header_map(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    for (k, v) in pairs {
+        h.append(*k, v.parse().unwrap());
+    }
+    h
+}
+
+// ---------------------------------------------------------------------------------------------
+// Expect: 100-continue
+// ---------------------------------------------------------------------------------------------
+
+/// A raw HTTP/1.1 app that answers `Expect: 100-continue` itself: to `/accept` it waits
+/// 300 ms, sends `100 Continue`, reads the body and answers `got <n>`; to `/refuse` it answers
+/// 417 at once and closes without reading the body. It records when it sent each 100 and how
+/// many body bytes ever reached it.
+struct ContinueApp {
+    sent_100: Arc<Mutex<Vec<Instant>>>,
+    body_bytes: Arc<AtomicU64>,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+const CONTINUE_DELAY: Duration = Duration::from_millis(300);
+
+impl ContinueApp {
+    async fn start(addr: SocketAddr) -> ContinueApp {
+        let listener = TcpListener::bind(addr).await.unwrap();
+        let sent_100 = Arc::new(Mutex::new(Vec::new()));
+        let body_bytes = Arc::new(AtomicU64::new(0));
+        let (sent, bytes) = (sent_100.clone(), body_bytes.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let (sent, bytes) = (sent.clone(), bytes.clone());
+                tokio::spawn(async move {
+                    let _ = continue_conn(tcp, &sent, &bytes).await;
+                });
+            }
+        });
+        ContinueApp {
+            sent_100,
+            body_bytes,
+            _task: task,
+        }
+    }
+}
+
+async fn continue_conn(
+    mut s: TcpStream,
+    sent: &Mutex<Vec<Instant>>,
+    bytes: &AtomicU64,
+) -> std::io::Result<()> {
+    let head = read_request_head(&mut s).await?;
+    let len: usize = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse().ok())?
+        })
+        .unwrap_or(0);
+    if head.starts_with("POST /refuse") {
+        s.write_all(
+            b"HTTP/1.1 417 Expectation Failed\r\ncontent-length: 7\r\nconnection: close\r\n\r\nrefused",
+        )
+        .await?;
+        // Whatever arrives after the refusal is a body the client should not have sent.
+        let (rest, _) = read_to_end_within(&mut s, Duration::from_millis(500)).await;
+        bytes.fetch_add(rest.len() as u64, Ordering::SeqCst);
+        return Ok(());
+    }
+    tokio::time::sleep(CONTINUE_DELAY).await;
+    s.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await?;
+    sent.lock().unwrap().push(Instant::now());
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).await?;
+    bytes.fetch_add(len as u64, Ordering::SeqCst);
+    let answer = format!("got {len}");
+    let resp = format!(
+        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
+        answer.len()
+    );
+    s.write_all(resp.as_bytes()).await?;
+    Ok(())
+}
+
+/// Reads a request head byte by byte (nothing after it is consumed).
+async fn read_request_head(s: &mut TcpStream) -> std::io::Result<String> {
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if s.read(&mut b).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        head.push(b[0]);
+    }
+    Ok(String::from_utf8_lossy(&head).into_owned())
+}
+
+fn expect_request(path: &str, len: usize) -> String {
+    format!(
+        "POST {path} HTTP/1.1\r\nHost: {SVC}:9001\r\nContent-Length: {len}\r\nExpect: 100-continue\r\n\r\n"
+    )
+}
+
+#[tokio::test]
+async fn expect_continue_waits_for_the_apps_100() {
+    let m = Mesh::start().await;
+    let mut s = tcp_connect(m.outbound()).await.unwrap();
+    let started = Instant::now();
+    s.write_all(expect_request("/accept", 5).as_bytes())
+        .await
+        .unwrap();
+    let head = read_head(&mut s).await.unwrap();
+    let got_100 = Instant::now();
+    assert_eq!(head.status, 100, "the client's first answer is the 100");
+    let app_sent = *m
+        .cont
+        .sent_100
+        .lock()
+        .unwrap()
+        .first()
+        .expect("the app sent its 100 before the client saw one");
+    assert!(
+        got_100 >= app_sent && got_100 - started >= CONTINUE_DELAY,
+        "the client saw a 100 {:?} after sending, before the app's (sent {:?} after)",
+        got_100 - started,
+        app_sent.saturating_duration_since(started)
+    );
+    s.write_all(b"hello").await.unwrap();
+    let head = read_head(&mut s).await.unwrap();
+    assert_eq!(head.status, 200);
+    assert_eq!(read_body(&mut s, &head).await, b"got 5");
+    assert_eq!(m.cont.body_bytes.load(Ordering::SeqCst), 5);
+}
+
+#[tokio::test]
+async fn expect_continue_refused_by_the_app_reaches_the_client_without_the_body() {
+    let m = Mesh::start().await;
+    let mut s = tcp_connect(m.outbound()).await.unwrap();
+    s.write_all(expect_request("/refuse", 1_000_000).as_bytes())
+        .await
+        .unwrap();
+    let head = read_head(&mut s).await.unwrap();
+    assert_eq!(
+        head.status, 417,
+        "the app's refusal is the first answer, no 100 from a proxy"
+    );
+    assert_eq!(read_body(&mut s, &head).await, b"refused");
+    // Give a wrongly sent body time to arrive at the app.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(
+        m.cont.body_bytes.load(Ordering::SeqCst),
+        0,
+        "the body went to the app"
+    );
+    assert!(m.cont.sent_100.lock().unwrap().is_empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// HTTP/1.0
+// ---------------------------------------------------------------------------------------------
+
+/// The status line and headers of a raw response, and its body read to the connection's end.
+fn assert_http10_framing(head: &RawHead, what: &str) {
+    assert!(
+        !head
+            .header("transfer-encoding")
+            .is_some_and(|v| v.to_ascii_lowercase().contains("chunked")),
+        "{what}: chunked to an HTTP/1.0 client: {:?}",
+        head.headers
+    );
+}
+
+#[tokio::test]
+async fn http10_without_keep_alive_gets_a_whole_response_and_a_close() {
+    let m = Mesh::start().await;
+    let mut s = tcp_connect(m.outbound()).await.unwrap();
+    let req = format!("GET /ten HTTP/1.0\r\nHost: {SVC}:8080\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let head = read_head(&mut s).await.unwrap();
+    assert_eq!(head.status, 200);
+    assert_http10_framing(&head, "app with a length");
+    let (rest, end) = read_to_end_within(&mut s, IO_TIMEOUT).await;
+    assert_eq!(
+        end,
+        ReadEnd::Eof,
+        "the connection closes after the response"
+    );
+    let len: usize = head
+        .header("content-length")
+        .expect("content-length")
+        .parse()
+        .unwrap();
+    assert_eq!(rest.len(), len, "the body is exactly content-length long");
+    let v: serde_json::Value = serde_json::from_slice(&rest).unwrap();
+    assert_eq!(v["uri"], "/ten");
+    assert_eq!(m.app.seen().len(), 1);
+}
+
+#[tokio::test]
+async fn http10_with_keep_alive_stays_open() {
+    let m = Mesh::start().await;
+    let mut s = tcp_connect(m.outbound()).await.unwrap();
+    for path in ["/one", "/two"] {
+        let req =
+            format!("GET {path} HTTP/1.0\r\nHost: {SVC}:8080\r\nConnection: keep-alive\r\n\r\n");
+        s.write_all(req.as_bytes()).await.unwrap();
+        let head = read_head(&mut s).await.unwrap();
+        assert_eq!(head.status, 200, "{path}");
+        assert_http10_framing(&head, path);
+        let body = read_body(&mut s, &head).await;
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["uri"], path);
+    }
+    assert_eq!(paths(&m.app), ["/one", "/two"]);
+}
+
+#[tokio::test]
+async fn http10_gets_a_streamed_response_close_delimited() {
+    let m = Mesh::start().await;
+    let mut s = tcp_connect(m.outbound()).await.unwrap();
+    // The HTTP/1.1 app answers this one chunked, with no length.
+    let req = format!("GET /stream HTTP/1.0\r\nHost: {SVC}:9003\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let head = read_head(&mut s).await.unwrap();
+    assert_eq!(head.status, 200);
+    assert_http10_framing(&head, "streamed answer");
+    let (rest, end) = read_to_end_within(&mut s, IO_TIMEOUT).await;
+    assert_eq!(end, ReadEnd::Eof, "a close ends the body");
+    assert_eq!(rest, STREAMED);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Chunked bodies and trailers across h1 <-> h2
+// ---------------------------------------------------------------------------------------------
+
+const STREAMED: &[u8] = b"first part, second part";
+
+/// An app (h2c or HTTP/1.1) that records each request's body and trailers. It answers
+/// `/stream` with a streamed body and no trailers; `/grpc` gRPC-style (`application/grpc`,
+/// `grpc-status` and `grpc-message` trailers, undeclared as gRPC servers do); anything else
+/// with `pong` and an `x-checksum` trailer, declared in a `Trailer` header.
+struct TrailersApp {
+    seen: Arc<Mutex<Vec<(Bytes, Option<HeaderMap>)>>>,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+impl TrailersApp {
+    async fn start(addr: SocketAddr, h2: bool) -> TrailersApp {
+        let listener = TcpListener::bind(addr).await.unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let rec = seen.clone();
+        let task = serve(listener, h2, move |req: Request<Incoming>| {
+            let rec = rec.clone();
+            async move {
+                let path = req.uri().path().to_string();
+                let collected = req.into_body().collect().await;
+                if let Ok(c) = collected {
+                    let trailers = c.trailers().cloned();
+                    rec.lock().unwrap().push((c.to_bytes(), trailers));
+                }
+                let resp = Response::builder();
+                match path.as_str() {
+                    "/stream" => {
+                        let frames = [&STREAMED[..11], &STREAMED[11..]]
+                            .map(|b| Ok(Frame::data(Bytes::from_static(b))));
+                        resp.body(StreamBody::new(futures_util::stream::iter(frames)).boxed())
+                    }
+                    "/grpc" => {
+                        resp.header("content-type", "application/grpc")
+                            .body(body_with_trailers(
+                                b"\0\0\0\0\0",
+                                header_map(&[("grpc-status", "0"), ("grpc-message", "fine")]),
+                            ))
+                    }
+                    _ => resp
+                        .header("trailer", "x-checksum")
+                        .body(body_with_trailers(
+                            b"pong",
+                            header_map(&[("x-checksum", "c0ffee")]),
+                        )),
+                }
+                .unwrap()
+            }
+        });
+        TrailersApp { seen, _task: task }
+    }
+
+    fn last(&self) -> (Bytes, Option<HeaderMap>) {
+        self.seen
+            .lock()
+            .unwrap()
+            .last()
+            .cloned()
+            .expect("the app saw a request")
+    }
+}
+
+/// A chunked HTTP/1.1 request with a trailer, written by hand; `extra` are more header lines.
+fn chunked_request(port: u16, path: &str, extra: &str) -> String {
+    format!(
+        "POST {path} HTTP/1.1\r\nHost: {SVC}:{port}\r\nTransfer-Encoding: chunked\r\n\
+         Trailer: x-sum\r\n{extra}\r\n\
+         5\r\nhello\r\n6\r\n world\r\n0\r\nx-sum: 42\r\n\r\n"
+    )
+}
+
+/// Reads a chunked body after [`read_head`]: the data and the trailer lines (lowercased names).
+async fn read_chunked(s: &mut TcpStream) -> (Vec<u8>, Vec<(String, String)>) {
+    let read = async {
+        let mut data = Vec::new();
+        loop {
+            let line = read_line(s).await;
+            let size = usize::from_str_radix(line.split(';').next().unwrap().trim(), 16)
+                .unwrap_or_else(|_| panic!("bad chunk size line {line:?}"));
+            if size == 0 {
+                break;
+            }
+            let mut chunk = vec![0u8; size + 2];
+            s.read_exact(&mut chunk).await.unwrap();
+            data.extend_from_slice(&chunk[..size]);
+        }
+        let mut trailers = Vec::new();
+        loop {
+            let line = read_line(s).await;
+            if line.is_empty() {
+                break;
+            }
+            let (k, v) = line.split_once(':').expect("a trailer line");
+            trailers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+        }
+        (data, trailers)
+    };
+    within(IO_TIMEOUT, "chunked body", read).await.unwrap()
+}
+
+async fn read_line(s: &mut TcpStream) -> String {
+    let mut line = Vec::new();
+    let mut b = [0u8; 1];
+    while !line.ends_with(b"\r\n") {
+        assert_ne!(s.read(&mut b).await.unwrap(), 0, "EOF in a chunked body");
+        line.push(b[0]);
+    }
+    line.truncate(line.len() - 2);
+    String::from_utf8(line).unwrap()
+}
+
+#[tokio::test]
+async fn h1_chunked_request_trailers_reach_an_h2_app_and_its_trailers_come_back() {
+    let m = Mesh::start().await;
+    let mut s = tcp_connect(m.outbound()).await.unwrap();
+    let req = chunked_request(9002, "/up", "TE: trailers\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let head = read_head(&mut s).await.unwrap();
+    assert_eq!(head.status, 200);
+    assert_eq!(head.header("transfer-encoding"), Some("chunked"));
+    let (data, trailers) = read_chunked(&mut s).await;
+    assert_eq!(data, b"pong");
+    assert_eq!(trailers, [("x-checksum".to_string(), "c0ffee".to_string())]);
+    let (body, app_trailers) = m.h2_trailers.last();
+    assert_eq!(&body[..], b"hello world");
+    let app_trailers = app_trailers.expect("the h2 app got trailers");
+    assert_eq!(app_trailers.get("x-sum").unwrap(), "42");
+}
+
+#[tokio::test]
+async fn grpc_style_trailers_from_an_h2_app_reach_an_h1_client_that_asked() {
+    let m = Mesh::start().await;
+    let mut s = tcp_connect(m.outbound()).await.unwrap();
+    let req = chunked_request(
+        9002,
+        "/grpc",
+        "TE: trailers\r\nContent-Type: application/grpc\r\n",
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let head = read_head(&mut s).await.unwrap();
+    assert_eq!(head.status, 200);
+    let (data, trailers) = read_chunked(&mut s).await;
+    assert_eq!(data, b"\0\0\0\0\0");
+    let get = |n: &str| {
+        trailers
+            .iter()
+            .find(|(k, _)| k == n)
+            .map(|(_, v)| v.as_str())
+    };
+    assert_eq!(get("grpc-status"), Some("0"), "trailers {trailers:?}");
+    assert_eq!(get("grpc-message"), Some("fine"), "trailers {trailers:?}");
+}
+
+#[tokio::test]
+async fn grpc_style_trailers_cross_h2_end_to_end() {
+    let m = Mesh::start().await;
+    let tcp = tcp_connect(m.outbound()).await.unwrap();
+    let (mut send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let req = Request::post(format!("http://{SVC}:9002/grpc"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(body_with_trailers(
+            b"\0\0\0\0\x01x",
+            header_map(&[("x-client-trailer", "yes")]),
+        ))
+        .unwrap();
+    let resp = within(IO_TIMEOUT, "grpc call", send.send_request(req))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let c = within(IO_TIMEOUT, "grpc body", resp.into_body().collect())
+        .await
+        .unwrap()
+        .unwrap();
+    let t = c.trailers().cloned().expect("response trailers");
+    assert_eq!(t.get("grpc-status").unwrap(), "0");
+    assert_eq!(t.get("grpc-message").unwrap(), "fine");
+    let (body, app_trailers) = m.h2_trailers.last();
+    assert_eq!(&body[..], b"\0\0\0\0\x01x");
+    assert_eq!(
+        app_trailers
+            .expect("the app got trailers")
+            .get("x-client-trailer")
+            .unwrap(),
+        "yes"
+    );
+}
+
+#[tokio::test]
+async fn h2_client_trailers_reach_an_h1_app_and_its_chunked_trailers_come_back() {
+    let m = Mesh::start().await;
+    let tcp = tcp_connect(m.outbound()).await.unwrap();
+    let (mut send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    // The h2 client declares its trailer, which the HTTP/1.1 hops need to write it.
+    let req = Request::post(format!("http://{SVC}:9003/up"))
+        .header("te", "trailers")
+        .header("trailer", "x-sum")
+        .body(body_with_trailers(
+            b"hello world",
+            header_map(&[("x-sum", "42")]),
+        ))
+        .unwrap();
+    let resp = within(IO_TIMEOUT, "h2 request", send.send_request(req))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let c = within(IO_TIMEOUT, "h2 body", resp.into_body().collect())
+        .await
+        .unwrap()
+        .unwrap();
+    let t = c.trailers().cloned().expect("the h1 app's trailers");
+    assert_eq!(t.get("x-checksum").unwrap(), "c0ffee");
+    assert_eq!(&c.to_bytes()[..], b"pong");
+    let (body, app_trailers) = m.h1_trailers.last();
+    assert_eq!(&body[..], b"hello world");
+    assert_eq!(
+        app_trailers
+            .expect("the h1 app got trailers")
+            .get("x-sum")
+            .unwrap(),
+        "42"
+    );
+}
+
+#[tokio::test]
+async fn h1_chunked_trailers_cross_h1_hops() {
+    let m = Mesh::start().await;
+    let mut s = tcp_connect(m.outbound()).await.unwrap();
+    let req = chunked_request(9003, "/up", "TE: trailers\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let head = read_head(&mut s).await.unwrap();
+    assert_eq!(head.status, 200);
+    let (data, trailers) = read_chunked(&mut s).await;
+    assert_eq!(data, b"pong");
+    assert_eq!(trailers, [("x-checksum".to_string(), "c0ffee".to_string())]);
+    let (body, app_trailers) = m.h1_trailers.last();
+    assert_eq!(&body[..], b"hello world");
+    assert_eq!(
+        app_trailers
+            .expect("the h1 app got trailers")
+            .get("x-sum")
+            .unwrap(),
+        "42"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1 GiB up and down with flat memory
+// ---------------------------------------------------------------------------------------------
+
+const GIB: u64 = 1 << 30;
+const CHUNK: usize = 64 * 1024;
+/// How much either proxy's resident memory may grow while 1 GiB streams through it.
+const RSS_GROWTH_LIMIT_KIB: u64 = 64 * 1024;
+const BULK_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// An HTTP/1.1 app: `POST /upload` counts the body's bytes and answers the count; `GET
+/// /download` streams 1 GiB made on the fly.
+struct BulkApp {
+    _task: tokio::task::JoinHandle<()>,
+}
+
+impl BulkApp {
+    async fn start(addr: SocketAddr) -> BulkApp {
+        let listener = TcpListener::bind(addr).await.unwrap();
+        let task = serve(listener, false, |req: Request<Incoming>| async move {
+            if req.uri().path() == "/download" {
+                return Response::new(gib_body());
+            }
+            let mut body = req.into_body();
+            let mut n = 0u64;
+            while let Some(Ok(f)) = body.frame().await {
+                if let Some(d) = f.data_ref() {
+                    n += d.len() as u64;
+                }
+            }
+            Response::new(http_body_util::Full::new(Bytes::from(n.to_string())).boxed())
+        });
+        BulkApp { _task: task }
+    }
+}
+
+/// 1 GiB in 64 KiB frames of one shared buffer, with its length declared.
+fn gib_body() -> Body {
+    let chunk = Bytes::from(vec![b'x'; CHUNK]);
+    let frames = (0..GIB / CHUNK as u64).map(move |_| Ok(Frame::data(chunk.clone())));
+    StreamBody::new(futures_util::stream::iter(frames)).boxed()
+}
+
+/// Samples both proxies' RSS every 100 ms until `stop`; returns the highest of each.
+fn sample_rss(m: &Mesh, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<(u64, u64)> {
+    let pids = (m.client.pid().unwrap(), m.server.pid().unwrap());
+    tokio::spawn(async move {
+        let (mut c, mut s) = (0, 0);
+        while !stop.load(Ordering::SeqCst) {
+            c = c.max(rss_kib_of(pids.0).unwrap_or(0));
+            s = s.max(rss_kib_of(pids.1).unwrap_or(0));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        (c, s)
+    })
+}
+
+async fn bulk_client(m: &Mesh) -> hyper::client::conn::http1::SendRequest<Body> {
+    let tcp = tcp_connect(m.outbound()).await.unwrap();
+    let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    send
+}
+
+/// Runs `transfer` while sampling; asserts both proxies' RSS grew less than the limit.
+async fn with_flat_memory<F: std::future::Future<Output = ()>>(m: &Mesh, what: &str, transfer: F) {
+    // A warm-up request so both proxies have their connections and buffers before the baseline.
+    let r = get_h1(m.outbound(), &format!("{SVC}:8080"), "/warm").await;
+    assert_eq!(r.status, 200);
+    let base = (m.client.rss_kib(), m.server.rss_kib());
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = sample_rss(m, stop.clone());
+    let started = Instant::now();
+    within(BULK_TIMEOUT, what, transfer).await.unwrap();
+    let took = started.elapsed();
+    stop.store(true, Ordering::SeqCst);
+    let (c, s) = sampler.await.unwrap();
+    eprintln!(
+        "{what}: 1 GiB in {took:?}; client proxy RSS {} -> max {} KiB, server proxy {} -> max {} KiB",
+        base.0, c, base.1, s
+    );
+    assert!(
+        c.saturating_sub(base.0) < RSS_GROWTH_LIMIT_KIB,
+        "{what}: the client proxy grew from {} to {c} KiB",
+        base.0
+    );
+    assert!(
+        s.saturating_sub(base.1) < RSS_GROWTH_LIMIT_KIB,
+        "{what}: the server proxy grew from {} to {s} KiB",
+        base.1
+    );
+}
+
+#[tokio::test]
+async fn one_gib_upload_streams_with_flat_memory() {
+    let m = Mesh::start().await;
+    let mut send = bulk_client(&m).await;
+    with_flat_memory(&m, "upload", async {
+        let req = Request::post("/upload")
+            .header("host", format!("{SVC}:9004"))
+            .header("content-length", GIB.to_string())
+            .body(gib_body())
+            .unwrap();
+        let resp = send.send_request(req).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, GIB.to_string(), "the app counted every byte");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn one_gib_download_streams_with_flat_memory() {
+    let m = Mesh::start().await;
+    let mut send = bulk_client(&m).await;
+    with_flat_memory(&m, "download", async {
+        let req = Request::get("/download")
+            .header("host", format!("{SVC}:9004"))
+            .body(http_body_util::Empty::new().boxed())
+            .unwrap();
+        let resp = send.send_request(req).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let mut body = resp.into_body();
+        let mut n = 0u64;
+        while let Some(f) = body.frame().await {
+            if let Some(d) = f.unwrap().data_ref() {
+                n += d.len() as u64;
+            }
+        }
+        assert_eq!(n, GIB, "every byte arrived");
+    })
+    .await;
+}
