@@ -134,7 +134,8 @@ fn header_map(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
 
 /// A raw HTTP/1.1 app that answers `Expect: 100-continue` itself: to `/accept` it waits
 /// 300 ms, sends `100 Continue`, reads the body and answers `got <n>`; to `/refuse` it answers
-/// 417 at once and closes without reading the body. It records when it sent each 100 and how
+/// 417 at once and closes without reading the body; to `/ignore` it sends no 100 and reads the
+/// body. It records when it sent each 100 and how
 /// many body bytes ever reached it.
 struct ContinueApp {
     sent_100: Arc<Mutex<Vec<Instant>>>,
@@ -190,9 +191,12 @@ async fn continue_conn(
         bytes.fetch_add(rest.len() as u64, Ordering::SeqCst);
         return Ok(());
     }
-    tokio::time::sleep(CONTINUE_DELAY).await;
-    s.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await?;
-    sent.lock().unwrap().push(Instant::now());
+    // `/ignore`: an app that never answers the expectation and just reads the body.
+    if !head.starts_with("POST /ignore") {
+        tokio::time::sleep(CONTINUE_DELAY).await;
+        s.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await?;
+        sent.lock().unwrap().push(Instant::now());
+    }
     let mut body = vec![0u8; len];
     s.read_exact(&mut body).await?;
     bytes.fetch_add(len as u64, Ordering::SeqCst);
@@ -253,6 +257,28 @@ async fn expect_continue_waits_for_the_apps_100() {
     assert_eq!(head.status, 200);
     assert_eq!(read_body(&mut s, &head).await, b"got 5");
     assert_eq!(m.cont.body_bytes.load(Ordering::SeqCst), 5);
+}
+
+#[tokio::test]
+async fn expect_continue_to_an_app_that_ignores_it_sends_the_body_after_a_wait() {
+    let m = Mesh::start().await;
+    let mut s = tcp_connect(m.outbound()).await.unwrap();
+    let started = Instant::now();
+    s.write_all(expect_request("/ignore", 5).as_bytes())
+        .await
+        .unwrap();
+    let head = read_head(&mut s).await.unwrap();
+    assert_eq!(head.status, 100, "a 100 once the proxies stop waiting");
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(900) && waited < Duration::from_secs(5),
+        "the 100 came after {waited:?}"
+    );
+    s.write_all(b"hello").await.unwrap();
+    let head = read_head(&mut s).await.unwrap();
+    assert_eq!(head.status, 200);
+    assert_eq!(read_body(&mut s, &head).await, b"got 5");
+    assert!(m.cont.sent_100.lock().unwrap().is_empty());
 }
 
 #[tokio::test]

@@ -56,6 +56,35 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap) {
     }
 }
 
+/// True for an HTTP/1.x request whose `TE` asks for trailers: hyper writes a response's
+/// trailers to such a client, but only the ones its `Trailer` header declared.
+pub fn h1_wants_trailers<B>(req: &http::Request<B>) -> bool {
+    req.version() < http::Version::HTTP_2
+        && req
+            .headers()
+            .get_all(http::header::TE)
+            .iter()
+            .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+            .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"))
+}
+
+/// gRPC servers send `grpc-status` and its companions as trailers without declaring them (HTTP/2
+/// needs no `Trailer` header). For an HTTP/1.1 client that asked for trailers, a gRPC response
+/// that declares none gets them declared, so they are written instead of dropped. Other
+/// undeclared trailers cannot be known before the head is sent, and are not written to
+/// HTTP/1.1 clients.
+pub fn declare_grpc_trailers(h: &mut HeaderMap) {
+    let grpc = h
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+    if grpc && !h.contains_key(http::header::TRAILER) {
+        h.insert(
+            http::header::TRAILER,
+            HeaderValue::from_static("grpc-status, grpc-message, grpc-status-details-bin"),
+        );
+    }
+}
+
 /// The protocol an HTTP/1.1 request asks to switch to: its `Upgrade` value, when `Connection`
 /// names `upgrade` too (RFC 9110 7.8). HTTP/2 has no upgrades.
 pub fn upgrade_of<B>(req: &http::Request<B>) -> Option<HeaderValue> {
@@ -260,6 +289,42 @@ mod tests {
             strip_hop_by_hop(&mut h);
             assert!(!h.contains_key("upgrade") && !h.contains_key("connection"));
         }
+    }
+
+    #[test]
+    fn grpc_trailers_are_declared_only_when_undeclared() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "content-type",
+            HeaderValue::from_static("application/grpc+proto"),
+        );
+        declare_grpc_trailers(&mut h);
+        assert!(h
+            .get("trailer")
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .contains("grpc-status"));
+        h.insert("trailer", HeaderValue::from_static("x-own"));
+        declare_grpc_trailers(&mut h);
+        assert_eq!(h.get("trailer").unwrap(), "x-own");
+        let mut h = HeaderMap::new();
+        h.insert("content-type", HeaderValue::from_static("text/plain"));
+        declare_grpc_trailers(&mut h);
+        assert!(!h.contains_key("trailer"));
+        let req = |v, te: &'static str| {
+            http::Request::builder()
+                .version(v)
+                .header("te", te)
+                .body(())
+                .unwrap()
+        };
+        assert!(h1_wants_trailers(&req(
+            http::Version::HTTP_11,
+            "gzip, Trailers"
+        )));
+        assert!(!h1_wants_trailers(&req(http::Version::HTTP_11, "gzip")));
+        assert!(!h1_wants_trailers(&req(http::Version::HTTP_2, "trailers")));
     }
 
     #[test]

@@ -197,6 +197,7 @@ impl Outbound {
         let log = RequestLog::new(Direction::outbound, &req, authority, request_id, None);
         let activity = Activity::new();
         let expects = crate::http::expect::expects_continue(&req);
+        let wants_trailers = headers::h1_wants_trailers(&req);
         let req = req.map(|b| {
             Metered::new(b, log.received.clone())
                 .guarded("outbound", activity.clone())
@@ -209,6 +210,9 @@ impl Outbound {
         } else {
             self.route(req, &log.authority, src, &mut open).await
         };
+        if wants_trailers {
+            headers::declare_grpc_trailers(out.resp.headers_mut());
+        }
         if self.drain.phase() >= Phase::Closing {
             out.resp
                 .headers_mut()
