@@ -308,7 +308,7 @@ async fn expect_continue_refused_by_the_app_reaches_the_client_without_the_body(
 // HTTP/1.0
 // ---------------------------------------------------------------------------------------------
 
-/// The status line and headers of a raw response, and its body read to the connection's end.
+/// Asserts that no chunked encoding went to an HTTP/1.0 client.
 fn assert_http10_framing(head: &RawHead, what: &str) {
     assert!(
         !head
@@ -382,6 +382,9 @@ async fn http10_gets_a_streamed_response_close_delimited() {
 // Chunked bodies and trailers across h1 <-> h2
 // ---------------------------------------------------------------------------------------------
 
+/// A request body an app read, and its trailers.
+type BodySeen = (Bytes, Option<HeaderMap>);
+
 const STREAMED: &[u8] = b"first part, second part";
 
 /// An app (h2c or HTTP/1.1) that records each request's body and trailers. It answers
@@ -389,7 +392,7 @@ const STREAMED: &[u8] = b"first part, second part";
 /// `grpc-status` and `grpc-message` trailers, undeclared as gRPC servers do); anything else
 /// with `pong` and an `x-checksum` trailer, declared in a `Trailer` header.
 struct TrailersApp {
-    seen: Arc<Mutex<Vec<(Bytes, Option<HeaderMap>)>>>,
+    seen: Arc<Mutex<Vec<BodySeen>>>,
     _task: tokio::task::JoinHandle<()>,
 }
 
