@@ -74,10 +74,10 @@ impl Held {
     }
 }
 
-/// Before `req` goes to its next hop: a held body is let go by that hop's `100` (HTTP/1.1), or
-/// at once (HTTP/2).
-pub fn arm(req: &mut Request<super::body::ReqBody>, to_h2: bool) {
-    let Some(gate) = req.body().continue_gate().cloned() else {
+/// Before `req` goes to its next hop: the `gate` its body waits for, if any, is opened by that
+/// hop's `100` (HTTP/1.1), or at once (HTTP/2).
+pub fn arm<B>(req: &mut Request<B>, gate: Option<Arc<ContinueGate>>, to_h2: bool) {
+    let Some(gate) = gate else {
         return;
     };
     if to_h2 {

@@ -259,7 +259,8 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
         mut req: http::Request<ReqBody>,
         max_uses: u32,
     ) -> Result<(http::Response<hyper::body::Incoming>, Option<StreamGuard>), SendError> {
-        crate::http::expect::arm(&mut req, matches!(conn, Conn::H2(..)));
+        let gate = req.body().continue_gate().cloned();
+        crate::http::expect::arm(&mut req, gate, matches!(conn, Conn::H2(..)));
         let unsent = |mut e: hyper::client::conn::TrySendError<http::Request<ReqBody>>| match e
             .take_message()
         {
