@@ -120,6 +120,26 @@ fn body_with_trailers(data: &'static [u8], trailers: HeaderMap) -> Body {
     StreamBody::new(futures_util::stream::iter(frames)).boxed()
 }
 
+/// `req` over a new h2c connection to the client proxy; the whole 200 answer, trailers
+/// included.
+async fn h2_call(m: &Mesh, req: Request<Body>) -> http_body_util::Collected<Bytes> {
+    let tcp = tcp_connect(m.outbound()).await.unwrap();
+    let (mut send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let resp = within(IO_TIMEOUT, "h2 request", send.send_request(req))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    within(IO_TIMEOUT, "h2 body", resp.into_body().collect())
+        .await
+        .unwrap()
+        .unwrap()
+}
+
 fn header_map(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
     let mut h = HeaderMap::new();
     for (k, v) in pairs {
@@ -541,12 +561,6 @@ async fn grpc_style_trailers_from_an_h2_app_reach_an_h1_client_that_asked() {
 #[tokio::test]
 async fn grpc_style_trailers_cross_h2_end_to_end() {
     let m = Mesh::start().await;
-    let tcp = tcp_connect(m.outbound()).await.unwrap();
-    let (mut send, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
     let req = Request::post(format!("http://{SVC}:9002/grpc"))
         .header("content-type", "application/grpc")
         .header("te", "trailers")
@@ -555,15 +569,7 @@ async fn grpc_style_trailers_cross_h2_end_to_end() {
             header_map(&[("x-client-trailer", "yes")]),
         ))
         .unwrap();
-    let resp = within(IO_TIMEOUT, "grpc call", send.send_request(req))
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let c = within(IO_TIMEOUT, "grpc body", resp.into_body().collect())
-        .await
-        .unwrap()
-        .unwrap();
+    let c = h2_call(&m, req).await;
     let t = c.trailers().cloned().expect("response trailers");
     assert_eq!(t.get("grpc-status").unwrap(), "0");
     assert_eq!(t.get("grpc-message").unwrap(), "fine");
@@ -581,12 +587,6 @@ async fn grpc_style_trailers_cross_h2_end_to_end() {
 #[tokio::test]
 async fn h2_client_trailers_reach_an_h1_app_and_its_chunked_trailers_come_back() {
     let m = Mesh::start().await;
-    let tcp = tcp_connect(m.outbound()).await.unwrap();
-    let (mut send, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
     // The h2 client declares its trailer, which the HTTP/1.1 hops need to write it.
     let req = Request::post(format!("http://{SVC}:9003/up"))
         .header("te", "trailers")
@@ -596,15 +596,7 @@ async fn h2_client_trailers_reach_an_h1_app_and_its_chunked_trailers_come_back()
             header_map(&[("x-sum", "42")]),
         ))
         .unwrap();
-    let resp = within(IO_TIMEOUT, "h2 request", send.send_request(req))
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let c = within(IO_TIMEOUT, "h2 body", resp.into_body().collect())
-        .await
-        .unwrap()
-        .unwrap();
+    let c = h2_call(&m, req).await;
     let t = c.trailers().cloned().expect("the h1 app's trailers");
     assert_eq!(t.get("x-checksum").unwrap(), "c0ffee");
     assert_eq!(&c.to_bytes()[..], b"pong");
