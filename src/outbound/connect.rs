@@ -219,18 +219,30 @@ impl Upstream {
         src: IpAddr,
     ) -> Result<(UpstreamTls, ConnSlot), ConnectError> {
         let slot = cluster.connection_slot().ok_or(ConnectError::Overflow)?;
+        let tls = self.connect_to(cluster, endpoint, src, None).await?;
+        Ok((tls, slot))
+    }
+
+    /// mTLS to `endpoint` for `cluster`'s port: the SNI, the pinned identity and the connect
+    /// timeout of its service, as `src`'s identity.
+    async fn connect_to(
+        &self,
+        cluster: &Cluster,
+        endpoint: SocketAddr,
+        src: IpAddr,
+        alpn: Option<&[u8]>,
+    ) -> Result<UpstreamTls, ConnectError> {
         let svc = &cluster.service;
         let contexts = self.identity.current();
-        let tls = connect(
+        connect(
             contexts.connector_for(self.source_key(src)),
             endpoint,
             cluster.port,
-            None,
+            alpn,
             &svc.identity,
             svc.connect_timeout,
         )
-        .await?;
-        Ok((tls, slot))
+        .await
     }
 
     /// A new HTTP/1.1 connection for one upgrade request, never pooled (once upgraded it
@@ -244,17 +256,9 @@ impl Upstream {
         src: IpAddr,
     ) -> Result<(pool::H1, Arc<ConnSlot>), ConnectError> {
         let slot = Arc::new(cluster.connection_slot().ok_or(ConnectError::Overflow)?);
-        let svc = &cluster.service;
-        let contexts = self.identity.current();
-        let tls = connect(
-            contexts.connector_for(self.source_key(src)),
-            endpoint,
-            cluster.port,
-            Some(alpn_wire(false)),
-            &svc.identity,
-            svc.connect_timeout,
-        )
-        .await?;
+        let tls = self
+            .connect_to(cluster, endpoint, src, Some(alpn_wire(false)))
+            .await?;
         if tls.ssl().selected_alpn_protocol() == Some(ALPN_H2) {
             return Err(ConnectError::H2Only { addr: endpoint });
         }
