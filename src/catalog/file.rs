@@ -139,6 +139,7 @@ impl Catalog {
                 services,
                 version: 0,
                 on_demand: None,
+                vips: Default::default(),
             })
         } else {
             Err(FieldErrors(errs))

@@ -215,6 +215,9 @@ pub struct Catalog {
     /// `None`: the catalog is complete (the file): a name it lacks does not exist. `Some`: a
     /// name it lacks may be asked for (`CatalogStore::want`).
     pub on_demand: Option<OnDemand>,
+    /// The services' virtual addresses (SPEC section 10); set by the store on apply, so a
+    /// source never computes them and DNS answers and capture agree on one snapshot.
+    pub vips: Arc<super::vip::VirtualIps>,
 }
 
 impl Catalog {

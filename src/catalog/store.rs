@@ -11,6 +11,7 @@ use arc_swap::{ArcSwap, Guard};
 use tokio::sync::{mpsc, watch};
 
 use super::model::Catalog;
+use super::vip::VirtualIps;
 
 pub struct CatalogStore {
     current: ArcSwap<Catalog>,
@@ -24,6 +25,7 @@ impl CatalogStore {
     /// A store holding `first` as version 1.
     pub fn new(mut first: Catalog) -> CatalogStore {
         first.version = 1;
+        first.vips = Arc::new(VirtualIps::of_catalog(&first.services));
         CatalogStore {
             current: ArcSwap::from_pointee(first),
             changed: watch::Sender::new(1),
@@ -60,6 +62,14 @@ impl CatalogStore {
     /// next version. Returns that version.
     pub fn apply(&self, mut next: Catalog) -> u64 {
         let services = next.services.len();
+        // Most updates change endpoints, not the set of names: keep the table then.
+        let current = self.current.load();
+        next.vips = if current.vips.same_names(&next.services) {
+            current.vips.clone()
+        } else {
+            Arc::new(VirtualIps::of_catalog(&next.services))
+        };
+        drop(current);
         // Sources apply from one thread each; the send_modify below orders concurrent ones.
         let mut version = 0;
         self.changed.send_modify(|v| {
@@ -105,5 +115,34 @@ mod tests {
         changed.changed().await.unwrap();
         assert_eq!(*changed.borrow_and_update(), 4);
         assert_eq!(store.load().version, 4);
+    }
+
+    #[test]
+    fn apply_gives_every_service_its_virtual_address() {
+        let yaml = |names: &[&str]| {
+            let mut y = String::from("services:\n");
+            for n in names {
+                y += &format!(
+                    "  {n}:\n    default_port: 80\n    identity: spiffe://aether.local/ns/default/sa/{n}\n    endpoints: [{{ address: 10.0.0.1, ports: [80] }}]\n"
+                );
+            }
+            Catalog::parse(std::path::Path::new("catalog.yaml"), &y, "aether.local").unwrap()
+        };
+        let store = CatalogStore::new(yaml(&["payments"]));
+        let first = store.load_full();
+        let ip = first.vips.v4("payments").unwrap();
+        assert_eq!(
+            first.vips.service_at(ip.into()).map(|s| &**s),
+            Some("payments")
+        );
+        // Same names: the table is kept, not rebuilt.
+        store.apply(yaml(&["payments"]));
+        assert!(Arc::ptr_eq(&first.vips, &store.load().vips));
+        // A new name: a new table, the old name where it was.
+        store.apply(yaml(&["payments", "orders"]));
+        let now = store.load_full();
+        assert!(!Arc::ptr_eq(&first.vips, &now.vips));
+        assert_eq!(now.vips.v4("payments"), Some(ip));
+        assert!(now.vips.v4("orders").is_some());
     }
 }

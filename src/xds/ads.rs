@@ -657,6 +657,7 @@ impl Ads {
                 timeout: self.cfg.cluster_timeout,
                 absent: state.absent_services.clone(),
             }),
+            vips: Default::default(),
         }
     }
 
