@@ -374,3 +374,43 @@ impl Drop for ActiveConnection {
             .dec();
     }
 }
+
+/// The classic Prometheus text format (0.0.4) of an OpenMetrics exposition, for scrapers that
+/// did not ask for OpenMetrics (SPEC section 6). The sample lines are the same in both; what
+/// differs: a counter family is named with its `_total` suffix in HELP and TYPE, `unknown` is
+/// `untyped`, and there is no `# UNIT` or `# EOF`.
+pub fn classic_text(openmetrics: &str) -> String {
+    let counters: std::collections::HashSet<&str> = openmetrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|rest| rest.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let meta = ["# HELP ", "# TYPE "]
+            .into_iter()
+            .find_map(|p| line.strip_prefix(p).map(|rest| (p, rest)));
+        match meta {
+            Some((prefix, rest)) => {
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                out.push_str(prefix);
+                out.push_str(name);
+                if counters.contains(name) {
+                    out.push_str("_total");
+                }
+                out.push(' ');
+                out.push_str(if prefix == "# TYPE " && tail == "unknown" {
+                    "untyped"
+                } else {
+                    tail
+                });
+            }
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}

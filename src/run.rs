@@ -205,8 +205,22 @@ async fn start(
             step: "detach",
             source,
         })?;
+    let health_listener = match &cfg.health {
+        Some(h) => Some(
+            bind("health", h.listen)
+                .await?
+                .into_std()
+                .map_err(|source| StartError::Listener {
+                    what: "health",
+                    addr: h.listen,
+                    step: "detach",
+                    source,
+                })?,
+        ),
+        None => None,
+    };
     {
-        // Its own thread and runtime: scrapes never queue behind data-path work.
+        // Its own thread and runtime: scrapes and probes never queue behind data-path work.
         let admin = admin.clone();
         std::thread::Builder::new()
             .name("aether-admin".into())
@@ -216,8 +230,11 @@ async fn start(
                     .build();
                 if let Ok(rt) = rt {
                     rt.block_on(async move {
+                        if let Some(Ok(l)) = health_listener.map(TcpListener::from_std) {
+                            tokio::spawn(admin.clone().serve(l, true));
+                        }
                         if let Ok(l) = TcpListener::from_std(admin_listener) {
-                            admin.serve(l).await;
+                            admin.serve(l, false).await;
                         }
                     });
                 }
