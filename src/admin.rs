@@ -31,6 +31,8 @@ pub struct Admin {
     pub set_log_filter: SetLogFilter,
     /// Extra JSON views (config dump, clusters), set once the proxy has its identity.
     pub views: std::sync::OnceLock<Vec<(&'static str, View)>>,
+    /// Sets the gauges that are computed when scraped (certificate expiry).
+    pub before_scrape: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 fn reply(
@@ -153,6 +155,9 @@ impl Admin {
             (&Method::GET, "/health" | "/healthz") => reply(StatusCode::OK, "text/plain", "ok\n"),
             (&Method::GET, "/readyz") => self.readyz().await,
             (&Method::GET, "/metrics") => {
+                if let Some(f) = self.before_scrape.get() {
+                    f();
+                }
                 let text = crate::metrics::get().encode();
                 if wants_openmetrics(&req) {
                     reply(

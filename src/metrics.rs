@@ -122,6 +122,14 @@ pub struct Metrics {
     pub tls_client_sessions: Gauge,
     /// Admin requests refused (`origin`, `body`).
     pub admin_refused: Family<ReasonLabels, Counter>,
+    /// Seconds until the earliest certificate of each kind expires; set at scrape time.
+    pub certificate_expiry: Family<CertLabels, Gauge>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CertLabels {
+    /// `workload` or `trust`.
+    pub cert: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -167,6 +175,12 @@ impl Metrics {
         let access_log_dropped = Counter::default();
         let tls_client_sessions = Gauge::default();
         let admin_refused = Family::<ReasonLabels, Counter>::default();
+        let certificate_expiry = Family::<CertLabels, Gauge>::default();
+        registry.register(
+            "aether_certificate_expiry_seconds",
+            "Seconds until the earliest not-after of the workload chain or the trust bundle",
+            certificate_expiry.clone(),
+        );
         registry.register(
             "aether_request_headers_dropped",
             "Request headers dropped for an underscore in their name",
@@ -293,6 +307,22 @@ impl Metrics {
             access_log_dropped,
             tls_client_sessions,
             admin_refused,
+            certificate_expiry,
+        }
+    }
+
+    /// Sets `aether_certificate_expiry_seconds` from the certificates in use.
+    pub fn certificates(&self, certs: &[crate::identity::expiry::CertInfo]) {
+        use crate::identity::expiry::{seconds_left, unix_now, Kind};
+        let now = unix_now();
+        for kind in [Kind::Workload, Kind::Trust] {
+            if let Some(left) = seconds_left(certs, kind, now) {
+                self.certificate_expiry
+                    .get_or_create(&CertLabels {
+                        cert: kind.as_str(),
+                    })
+                    .set(left);
+            }
         }
     }
 

@@ -195,6 +195,7 @@ async fn start(
         listeners: ListenerCheck::new(cfg.readiness.required_listeners.clone()),
         set_log_filter,
         views: Default::default(),
+        before_scrape: Default::default(),
     });
     let admin_listener = bind("admin", cfg.admin.listen)
         .await?
@@ -282,6 +283,10 @@ async fn start(
         &identity,
         xds.as_ref().map(|x| x.status.clone()),
     ));
+    let _ = admin.before_scrape.set({
+        let identity = identity.clone();
+        Box::new(move || crate::metrics::get().certificates(&identity.current().identity.certs))
+    });
     let inbound_listener = bind("inbound", cfg.inbound.listen).await?;
     let outbound_listener = bind("outbound", cfg.outbound.listen).await?;
     let listeners = vec![
@@ -395,6 +400,12 @@ fn admin_views(
 ) -> Vec<(&'static str, crate::admin::View)> {
     let c = clusters.clone();
     let clusters_view: crate::admin::View = Box::new(move || c.to_json());
+    let id = identity.clone();
+    let certs_view: crate::admin::View = Box::new(move || {
+        let current = id.current();
+        let certs: Vec<_> = current.identity.certs.iter().map(|c| c.to_json()).collect();
+        serde_json::json!({ "certificates": certs })
+    });
     let (cfg, catalog, c, identity) = (
         cfg.clone(),
         catalog.clone(),
@@ -448,7 +459,11 @@ fn admin_views(
             "xds": xds.as_ref().map(|x| serde_json::to_value(&*x.lock().unwrap_or_else(|e| e.into_inner())).unwrap_or_default()),
         })
     });
-    vec![("/clusters", clusters_view), ("/config_dump", dump)]
+    vec![
+        ("/clusters", clusters_view),
+        ("/config_dump", dump),
+        ("/certs", certs_view),
+    ]
 }
 
 async fn signals(drain: Drain) {
