@@ -354,6 +354,11 @@ async fn serve(
     let left = tracker.wait_idle(cfg.drain.timeout).await;
     if left > 0 {
         tracing::warn!(open = left, "drain timeout reached; closing what is left");
+        // Tunnels end now and leave their access-log lines (end_reason "drain").
+        drain.advance(Phase::Cut);
+        tracker
+            .wait_idle(std::time::Duration::from_millis(200))
+            .await;
     } else {
         tracing::info!("drain complete");
     }

@@ -131,7 +131,10 @@ mod tests {
             .contains(&"spiffe://aether.local/ns/default/sa/payments".to_string()));
         let left = seconds_left(std::slice::from_ref(&info), Kind::Workload, unix_now()).unwrap();
         assert!(left > 3600, "{left}");
-        assert_eq!(seconds_left(std::slice::from_ref(&info), Kind::Trust, 0), None);
+        assert_eq!(
+            seconds_left(std::slice::from_ref(&info), Kind::Trust, 0),
+            None
+        );
         assert!(
             info.not_after_rfc3339().ends_with('Z'),
             "{}",
