@@ -18,6 +18,7 @@ use crate::http::answer::Reason;
 use crate::http::body::{Metered, RespBody};
 use crate::identity::SpiffeId;
 use crate::metrics::{self, Direction};
+use crate::trace::{context::hex_into, RequestTrace, SpanInfo};
 
 #[derive(Serialize)]
 pub struct Entry<'a> {
@@ -34,6 +35,10 @@ pub struct Entry<'a> {
     pub bytes_sent: u64,
     pub peer_identity: Option<&'a str>,
     pub request_id: Option<&'a str>,
+    /// The trace the request was forwarded in (hex), when it has one.
+    pub trace_id: Option<&'a str>,
+    /// This proxy's span for the request (hex), when it recorded one.
+    pub span_id: Option<&'a str>,
 }
 
 /// The line a spliced connection leaves when it closes.
@@ -129,6 +134,8 @@ pub struct RequestLog {
     pub peer_identity: Option<SpiffeId>,
     /// Request body bytes, counted as they go upstream.
     pub received: Arc<AtomicU64>,
+    /// The request's trace; its span (when recorded) ends with the log line.
+    pub trace: RequestTrace,
 }
 
 /// What the routing decided, known once the response headers are ready.
@@ -160,6 +167,7 @@ impl RequestLog {
             request_id,
             peer_identity,
             received: Default::default(),
+            trace: RequestTrace::default(),
         }
     }
 
@@ -180,6 +188,15 @@ impl RequestLog {
                 direction: self.direction,
             })
             .observe(elapsed.as_secs_f64());
+        let (mut trace_hex, mut span_hex) = ([0u8; 32], [0u8; 16]);
+        let trace_id = self.trace.trace_id.map(|t| {
+            hex_into(&t, &mut trace_hex);
+            std::str::from_utf8(&trace_hex).unwrap_or_default()
+        });
+        let span_id = self.trace.span_id().map(|s| {
+            hex_into(&s, &mut span_hex);
+            std::str::from_utf8(&span_hex).unwrap_or_default()
+        });
         log(&Entry {
             time: now_rfc3339(),
             direction: match self.direction {
@@ -201,6 +218,18 @@ impl RequestLog {
                 .or(d.peer.as_ref())
                 .map(SpiffeId::as_str),
             request_id: self.request_id.to_str().ok(),
+            trace_id,
+            span_id,
+        });
+        // The span ends with the line: same end, same status and reason.
+        let peer = self.peer_identity.or_else(|| d.peer.clone());
+        self.trace.finish(elapsed, || SpanInfo {
+            method: self.method,
+            authority: self.authority,
+            path: self.path,
+            status: d.status,
+            error: d.reason.map(Reason::as_str),
+            peer,
         });
     }
 }

@@ -5,7 +5,7 @@
 //! requests by authority to clusters, endpoints and pooled mTLS connections; `catalog` holds
 //! what the mesh knows (a store fed by sources); `identity` owns SPIFFE ids, certificates and
 //! TLS contexts; `http` is what both listeners share of HTTP; `admin`, `readiness`, `drain`,
-//! `metrics` and `accesslog` are the operator's side. `validation` is how bad input is
+//! `metrics`, `accesslog` and `trace` are the operator's side. `validation` is how bad input is
 //! reported; `sockets` is what every TCP socket of the data path shares (keepalive, idle splicing).
 
 pub mod accesslog;
@@ -25,6 +25,7 @@ pub mod outbound;
 pub mod readiness;
 pub mod run;
 pub mod sockets;
+pub mod trace;
 pub mod validation;
 pub mod watch;
 pub mod xds;

@@ -124,6 +124,10 @@ pub struct Metrics {
     pub admin_refused: Family<ReasonLabels, Counter>,
     /// Seconds until the earliest certificate of each kind expires; set at scrape time.
     pub certificate_expiry: Family<CertLabels, Gauge>,
+    /// Spans accepted by the OTLP collector.
+    pub trace_spans_exported: Counter,
+    /// Spans dropped: the export queue was full, or the collector failed or was unreachable.
+    pub trace_spans_dropped: Counter,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -176,6 +180,18 @@ impl Metrics {
         let tls_client_sessions = Gauge::default();
         let admin_refused = Family::<ReasonLabels, Counter>::default();
         let certificate_expiry = Family::<CertLabels, Gauge>::default();
+        let trace_spans_exported = Counter::default();
+        let trace_spans_dropped = Counter::default();
+        registry.register(
+            "aether_trace_spans_exported",
+            "Spans accepted by the OTLP collector",
+            trace_spans_exported.clone(),
+        );
+        registry.register(
+            "aether_trace_spans_dropped",
+            "Spans dropped because the export queue was full or the collector failed",
+            trace_spans_dropped.clone(),
+        );
         registry.register(
             "aether_certificate_expiry_seconds",
             "Seconds until the earliest not-after of the workload chain or the trust bundle",
@@ -308,6 +324,8 @@ impl Metrics {
             tls_client_sessions,
             admin_refused,
             certificate_expiry,
+            trace_spans_exported,
+            trace_spans_dropped,
         }
     }
 

@@ -259,6 +259,7 @@ async fn start(
         }),
         ..Default::default()
     })));
+    crate::trace::start(&cfg.tracing, &identity.current().identity.spiffe_id);
     let inbound = Arc::new(Inbound::new(
         &cfg,
         identity.clone(),

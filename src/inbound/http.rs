@@ -120,13 +120,15 @@ impl HttpChains {
             })
             .unwrap_or_default()
             .to_string();
-        let log = RequestLog::new(
+        let trace = crate::trace::tracer().start(req.headers_mut(), crate::trace::Side::Server);
+        let mut log = RequestLog::new(
             Direction::inbound,
             &req,
             authority,
             request_id,
             Some(conn.peer.spiffe_id.clone()),
         );
+        log.trace = trace;
         let timers = crate::http::limits::timers();
         let activity = Activity::new();
         let expects = crate::http::expect::expects_continue(&req);

@@ -194,7 +194,9 @@ impl Outbound {
                 .unwrap_or(""),
         }
         .to_string();
-        let log = RequestLog::new(Direction::outbound, &req, authority, request_id, None);
+        let trace = crate::trace::tracer().start(req.headers_mut(), crate::trace::Side::Client);
+        let mut log = RequestLog::new(Direction::outbound, &req, authority, request_id, None);
+        log.trace = trace;
         let activity = Activity::new();
         let expects = crate::http::expect::expects_continue(&req);
         let wants_trailers = headers::h1_wants_trailers(&req);
