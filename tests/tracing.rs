@@ -516,3 +516,44 @@ async fn a_collector_that_is_down_or_silent_slows_no_request_and_drops_are_count
     }
     held.abort();
 }
+
+#[test]
+fn check_accepts_a_tracing_section_and_names_what_is_wrong_in_one() {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let base = std::fs::read_to_string(repo.join("configs/frontend.yaml")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cfg.yaml");
+    for (tracing, error) in [
+        ("{ sample_rate: 0.5, otlp: \"127.0.0.1:4317\" }", None),
+        ("{}", None),
+        (
+            "{ sample_rate: 2 }",
+            Some("tracing.sample_rate: 2 is not in 0..=1"),
+        ),
+        (
+            "{ otlp: collector }",
+            Some("tracing.otlp: \"collector\" is not host:port"),
+        ),
+        (
+            "{ otlp: \"c:4317\", sampling: 1 }",
+            Some("tracing.sampling: unknown field `sampling`"),
+        ),
+    ] {
+        std::fs::write(&path, format!("{base}\ntracing: {tracing}\n")).unwrap();
+        let o = std::process::Command::new(BIN)
+            .current_dir(repo)
+            .args(["check", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        match error {
+            None => assert!(o.status.success(), "{tracing}: {stderr}"),
+            Some(e) => {
+                assert_eq!(o.status.code(), Some(1), "{tracing}: {stderr}");
+                assert!(stderr.contains(e), "{tracing}: {stderr}");
+                assert!(!stderr.contains("panicked"), "{stderr}");
+            }
+        }
+    }
+}
