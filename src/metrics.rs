@@ -122,6 +122,10 @@ pub struct Metrics {
     pub tls_client_sessions: Gauge,
     /// Admin requests refused (`origin`, `body`).
     pub admin_refused: Family<ReasonLabels, Counter>,
+    /// DNS queries by what became of them (`dns::answer::Outcome`).
+    pub dns_queries: Family<ResultLabels, Counter>,
+    /// DNS queries answered SERVFAIL because every in-flight place was taken.
+    pub dns_overloaded: Counter,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -167,6 +171,18 @@ impl Metrics {
         let access_log_dropped = Counter::default();
         let tls_client_sessions = Gauge::default();
         let admin_refused = Family::<ReasonLabels, Counter>::default();
+        let dns_queries = Family::<ResultLabels, Counter>::default();
+        let dns_overloaded = Counter::default();
+        registry.register(
+            "aether_dns_queries",
+            "DNS queries, by result",
+            dns_queries.clone(),
+        );
+        registry.register(
+            "aether_dns_overloaded",
+            "DNS queries answered SERVFAIL because too many were in flight",
+            dns_overloaded.clone(),
+        );
         registry.register(
             "aether_request_headers_dropped",
             "Request headers dropped for an underscore in their name",
@@ -293,6 +309,8 @@ impl Metrics {
             access_log_dropped,
             tls_client_sessions,
             admin_refused,
+            dns_queries,
+            dns_overloaded,
         }
     }
 
@@ -323,6 +341,13 @@ impl Metrics {
         let mut out = String::new();
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+
+    pub fn dns_query(&self, result: &'static str) {
+        let _ = self
+            .dns_queries
+            .get_or_create(&ResultLabels { result })
+            .inc();
     }
 
     pub fn identity_refused(&self, listener: &'static str) {
