@@ -816,3 +816,76 @@ async fn the_next_nameserver_is_tried() {
         t.elapsed()
     );
 }
+
+/// Past 1024 forwarded queries in flight, more get SERVFAIL at once instead of queueing; the
+/// ones in flight still get theirs when the 2 s are up, and the listener answers mesh names
+/// throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarding_is_bounded() {
+    let ns = NetNs::new("nameserver 127.0.0.1\n");
+    let _upstream = Upstream::start(&ns);
+    let certs = certs();
+    let net = Net::fresh();
+    let pod = net.pod(0);
+    let cat = catalog(&[one_service(&certs, "payments", net.pod(1).proxy_ip())]);
+    let _proxy = client_proxy_builder(&certs, pod, &cat, &dns_yaml(pod, false))
+        .netns(&ns.name)
+        .start()
+        .await;
+    let server = dns_addr(pod);
+    wait_answering(&ns, server).await;
+
+    let sock = Arc::new(ns.udp("127.0.0.1:0"));
+    let total = 1100usize;
+    let start = Instant::now();
+    let receiver = {
+        let sock = sock.clone();
+        tokio::spawn(async move {
+            let mut got = Vec::new();
+            let mut buf = vec![0u8; 4096];
+            while got.len() < total {
+                match tokio::time::timeout(Duration::from_secs(5), sock.recv_from(&mut buf)).await {
+                    Ok(Ok((n, _))) => {
+                        let m = Message::from_vec(&buf[..n]).unwrap();
+                        got.push((start.elapsed(), m.metadata.response_code));
+                    }
+                    _ => break,
+                }
+            }
+            got
+        })
+    };
+    for i in 0..total {
+        let mut q = query("slow.test", RecordType::A, false);
+        q.metadata.id = i as u16;
+        sock.send_to(&q.to_vec().unwrap(), server).await.unwrap();
+        // Paced, so no datagram is lost to a full socket buffer.
+        if i % 10 == 9 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    // Mesh names do not wait for a place.
+    let other = ns.udp("127.0.0.1:0");
+    let t = Instant::now();
+    let m = udp_ask(
+        &other,
+        server,
+        &query("payments.aether.internal", RecordType::A, false),
+    )
+    .await;
+    assert_eq!(v4s(&m).len(), 1);
+    assert!(
+        t.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        t.elapsed()
+    );
+
+    let got = receiver.await.unwrap();
+    assert_eq!(got.len(), total, "every query is answered");
+    assert!(got.iter().all(|(_, c)| *c == ResponseCode::ServFail));
+    let early = got
+        .iter()
+        .filter(|(at, _)| *at < Duration::from_millis(1500))
+        .count();
+    assert_eq!(early, total - 1024, "answered at once: {early}");
+}
