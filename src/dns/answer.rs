@@ -300,7 +300,9 @@ mod tests {
         }
         let mut c =
             Catalog::parse(std::path::Path::new("catalog.yaml"), &y, "aether.local").unwrap();
-        c.vips = std::sync::Arc::new(crate::catalog::vip::VirtualIps::of_catalog(&c.services));
+        c.vips = std::sync::Arc::new(crate::catalog::vip::VirtualIps::build(
+            c.services.keys().map(String::as_str),
+        ));
         c
     }
 
