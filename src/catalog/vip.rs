@@ -11,6 +11,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
+use super::model::Service;
+
 /// Slots 0 (240.240.0.0) and 65535 (240.240.255.255) look like network and broadcast
 /// addresses to some tools; neither is handed out.
 const SLOTS: u32 = 65_534;
@@ -84,14 +86,12 @@ impl VirtualIps {
         table
     }
 
-    /// For a catalog's service map (generic over the value, so this file needs nothing of the
-    /// model, which holds a `VirtualIps` itself).
-    pub fn of_catalog<V>(services: &BTreeMap<String, V>) -> VirtualIps {
+    pub fn of_catalog(services: &BTreeMap<String, Arc<Service>>) -> VirtualIps {
         VirtualIps::build(services.keys().map(String::as_str))
     }
 
     /// True when `self` was built from exactly these names (so it can be kept as is).
-    pub fn same_names<V>(&self, services: &BTreeMap<String, V>) -> bool {
+    pub fn same_names(&self, services: &BTreeMap<String, Arc<Service>>) -> bool {
         self.slot_of.len() == services.len()
             && services
                 .keys()
