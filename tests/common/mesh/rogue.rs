@@ -1,7 +1,8 @@
 //! A server pod that misbehaves on purpose: real mTLS with the `payments` identity, HTTP/2 chosen
 //! by ALPN, then raw HTTP/2 frames written by hand, so each test decides exactly what the client
 //! proxy sees for a request (a refused stream, a GOAWAY below it, a reset before or after the
-//! response head). It records the path of every request it got, in order.
+//! response head); or HTTP/1.1, closing the connection under the request. It counts the
+//! requests it got.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -31,10 +32,12 @@ pub enum Misbehaviour {
     /// A complete, empty `200` for a connection's first request; the connection closes when
     /// its second request arrives (a pooled connection that dies under its next request).
     ServeOnceThenClose,
+    /// HTTP/1.1 chosen by ALPN; the connection closes once the request head is read.
+    H1CloseBeforeResponse,
 }
 
 pub struct RoguePod {
-    paths: Arc<Mutex<Vec<String>>>,
+    requests: Arc<Mutex<usize>>,
     conns: Arc<Mutex<usize>>,
     task: JoinHandle<()>,
 }
@@ -67,7 +70,7 @@ fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
     f
 }
 
-fn acceptor(certs: &Certs) -> SslAcceptor {
+fn acceptor(certs: &Certs, alpn: &'static [u8]) -> SslAcceptor {
     let mut b = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls()).unwrap();
     b.set_certificate_chain_file(certs.cert("payments"))
         .unwrap();
@@ -75,44 +78,11 @@ fn acceptor(certs: &Certs) -> SslAcceptor {
         .unwrap();
     b.set_ca_file(certs.ca()).unwrap();
     b.set_verify(SslVerifyMode::PEER | SslVerifyMode::FAIL_IF_NO_PEER_CERT);
-    // An h2 chain: HTTP/2 whatever the client offered first.
-    b.set_alpn_select_callback(|_, client| {
-        boring::ssl::select_next_proto(b"\x02h2", client).ok_or(AlpnError::NOACK)
+    // Like an h2 (or http1) chain: that protocol whatever the client offered first.
+    b.set_alpn_select_callback(move |_, client| {
+        boring::ssl::select_next_proto(alpn, client).ok_or(AlpnError::NOACK)
     });
     b.build()
-}
-
-/// The `:path` of a header block, when the client proxy sent it as a literal (HPACK: a
-/// literal whose name is static index 4 or 5, value not Huffman-coded) or Huffman-coded
-/// (then the raw bytes, hex). Enough to tell requests apart by path.
-fn path_of(block: &[u8]) -> String {
-    let mut i = 0;
-    while i < block.len() {
-        let b = block[i];
-        // Literal with indexed name: 0100xxxx (incremental), 0000xxxx / 0001xxxx (4-bit index).
-        let (index, prefix) = if b & 0xc0 == 0x40 {
-            (b & 0x3f, 6)
-        } else if b & 0xe0 == 0x00 || b & 0xf0 == 0x10 {
-            (b & 0x0f, 4)
-        } else {
-            i += 1;
-            continue;
-        };
-        let full = (1u8 << prefix) - 1;
-        if (index == 4 || index == 5) && index != full && i + 1 < block.len() {
-            let huffman = block[i + 1] & 0x80 != 0;
-            let len = (block[i + 1] & 0x7f) as usize;
-            if let Some(v) = block.get(i + 2..i + 2 + len) {
-                return if huffman {
-                    format!("huffman:{}", hex::encode(v))
-                } else {
-                    String::from_utf8_lossy(v).into_owned()
-                };
-            }
-        }
-        i += 1;
-    }
-    String::from("?")
 }
 
 impl RoguePod {
@@ -120,15 +90,20 @@ impl RoguePod {
         let listener = TcpListener::bind(addr)
             .await
             .unwrap_or_else(|e| panic!("rogue pod cannot bind {addr}: {e}"));
-        let acc = Arc::new(acceptor(certs));
-        let paths: Arc<Mutex<Vec<String>>> = Arc::default();
+        let alpn: &[u8] = if how == Misbehaviour::H1CloseBeforeResponse {
+            b"\x08http/1.1"
+        } else {
+            b"\x02h2"
+        };
+        let acc = Arc::new(acceptor(certs, alpn));
+        let requests: Arc<Mutex<usize>> = Arc::default();
         let conns: Arc<Mutex<usize>> = Arc::default();
         let task = {
-            let (paths, conns) = (paths.clone(), conns.clone());
+            let (requests, conns) = (requests.clone(), conns.clone());
             tokio::spawn(async move {
                 let mut tasks = JoinSet::new();
                 while let Ok((tcp, _)) = listener.accept().await {
-                    let (acc, paths, conns) = (acc.clone(), paths.clone(), conns.clone());
+                    let (acc, requests, conns) = (acc.clone(), requests.clone(), conns.clone());
                     tasks.spawn(async move {
                         let Ok(Ok(tls)) =
                             tokio::time::timeout(IO_TIMEOUT, tokio_boring::accept(&acc, tcp)).await
@@ -136,17 +111,25 @@ impl RoguePod {
                             return;
                         };
                         *conns.lock().unwrap() += 1;
-                        let _ = serve(tls, how, paths).await;
+                        let _ = if how == Misbehaviour::H1CloseBeforeResponse {
+                            serve_h1(tls, requests).await
+                        } else {
+                            serve(tls, how, requests).await
+                        };
                     });
                 }
             })
         };
-        RoguePod { paths, conns, task }
+        RoguePod {
+            requests,
+            conns,
+            task,
+        }
     }
 
-    /// The paths of the requests it got, in order.
-    pub fn paths(&self) -> Vec<String> {
-        self.paths.lock().unwrap().clone()
+    /// Requests it got (header blocks, or HTTP/1.1 heads).
+    pub fn requests(&self) -> usize {
+        *self.requests.lock().unwrap()
     }
 
     /// Connections that completed the TLS handshake.
@@ -155,11 +138,7 @@ impl RoguePod {
     }
 }
 
-async fn serve<S>(
-    mut s: S,
-    how: Misbehaviour,
-    paths: Arc<Mutex<Vec<String>>>,
-) -> std::io::Result<()>
+async fn serve<S>(mut s: S, how: Misbehaviour, requests: Arc<Mutex<usize>>) -> std::io::Result<()>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
@@ -199,7 +178,7 @@ where
                 if flags & END_HEADERS == 0 {
                     continue;
                 }
-                paths.lock().unwrap().push(path_of(&block));
+                *requests.lock().unwrap() += 1;
                 block.clear();
                 if how == Misbehaviour::ServeOnceThenClose && served == 0 {
                     served += 1;
@@ -240,7 +219,9 @@ where
             s.write_all(&frame(RST_STREAM, 0, stream, &INTERNAL_ERROR.to_be_bytes()))
                 .await
         }
-        Misbehaviour::CloseBeforeResponse | Misbehaviour::ServeOnceThenClose => s.shutdown().await,
+        Misbehaviour::CloseBeforeResponse
+        | Misbehaviour::ServeOnceThenClose
+        | Misbehaviour::H1CloseBeforeResponse => s.shutdown().await,
         Misbehaviour::ResetAfterHead => {
             // `:status: 200` is static table entry 8.
             s.write_all(&frame(HEADERS, END_HEADERS, stream, &[0x88]))
@@ -252,4 +233,21 @@ where
                 .await
         }
     }
+}
+
+/// HTTP/1.1: reads a request head, counts it, and closes the connection without a byte back.
+async fn serve_h1<S>(mut s: S, requests: Arc<Mutex<usize>>) -> std::io::Result<()>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if s.read(&mut byte).await? == 0 {
+            return Ok(());
+        }
+        head.push(byte[0]);
+    }
+    *requests.lock().unwrap() += 1;
+    s.shutdown().await
 }
