@@ -1,5 +1,6 @@
 //! An HTTP request to a cluster: the subset, an endpoint, a pooled or new connection, retries
-//! of what was never sent, and the request timeout around all of it.
+//! of what the upstream never processed (or, for idempotent body-less requests, never began
+//! to answer; `retry.rs` decides), and the request timeout around all of it.
 
 use std::net::IpAddr;
 
