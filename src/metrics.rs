@@ -77,6 +77,14 @@ pub struct OverflowLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RetryLabels {
+    pub service: String,
+    pub port: u16,
+    /// Why the attempt before failed: `connect-failure`, `pool-closed`, `refused`, `reset`.
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RejectedLabels {
     pub listener: &'static str,
     /// `limit` (the listener's connection cap) or `handshake-evicted` (the oldest connection
@@ -111,6 +119,7 @@ pub struct Metrics {
     pub xds_connected: Gauge,
     pub xds_updates: Family<XdsUpdateLabels, Counter>,
     pub overflows: Family<OverflowLabels, Counter>,
+    pub retries: Family<RetryLabels, Counter>,
     pub connections_rejected: Family<RejectedLabels, Counter>,
     /// Request headers dropped for an underscore in their name, per side.
     pub headers_dropped: Family<DirectionLabels, Counter>,
@@ -159,6 +168,12 @@ impl Metrics {
         let xds_connected = Gauge::default();
         let xds_updates = Family::<XdsUpdateLabels, Counter>::default();
         let overflows = Family::<OverflowLabels, Counter>::default();
+        let retries = Family::<RetryLabels, Counter>::default();
+        registry.register(
+            "aether_retries",
+            "Outbound requests sent again to another endpoint, by why the attempt before failed",
+            retries.clone(),
+        );
         let connections_rejected = Family::<RejectedLabels, Counter>::default();
         registry.register(
             "aether_cluster_overflow",
@@ -301,6 +316,7 @@ impl Metrics {
             xds_connected,
             xds_updates,
             overflows,
+            retries,
             connections_rejected,
             headers_dropped,
             identity_refused,
@@ -332,6 +348,16 @@ impl Metrics {
                 service: service.to_string(),
                 port,
                 breaker,
+            })
+            .inc();
+    }
+
+    pub fn retry(&self, service: &str, port: u16, reason: &'static str) {
+        self.retries
+            .get_or_create(&RetryLabels {
+                service: service.to_string(),
+                port,
+                reason,
             })
             .inc();
     }
