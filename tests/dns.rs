@@ -294,7 +294,8 @@ async fn answers_follow_catalog_reloads() {
         one_service(&certs, "payments", p1),
         one_service(&certs, "orders", p1),
     ]);
-    std::fs::write(proxy.catalog_path(), both).unwrap();
+    // Replaced whole (written aside, renamed over), as a kubelet or a control plane does.
+    common::live::write_atomic(&proxy.catalog_path(), both.as_bytes());
     let deadline = Instant::now() + Duration::from_secs(10);
     let got = loop {
         let m = ask("orders.aether.internal").await;
@@ -311,11 +312,10 @@ async fn answers_follow_catalog_reloads() {
     assert_eq!(payments.len(), 1);
     assert_ne!(orders, payments);
 
-    std::fs::write(
-        proxy.catalog_path(),
-        catalog(&[one_service(&certs, "orders", p1)]),
-    )
-    .unwrap();
+    common::live::write_atomic(
+        &proxy.catalog_path(),
+        catalog(&[one_service(&certs, "orders", p1)]).as_bytes(),
+    );
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let m = ask("payments.aether.internal").await;
