@@ -383,6 +383,9 @@ pub struct Config {
     /// Trace context and span export (SPEC section 12).
     #[serde(default)]
     pub tracing: TracingConfig,
+    /// The DNS listener (SPEC section 10); none when absent.
+    #[serde(default)]
+    pub dns: Option<DnsConfig>,
 }
 
 /// The sample rate of traces the client side starts, unless `tracing.sample_rate` says.
@@ -458,6 +461,22 @@ impl<'de> Deserialize<'de> for HostPort {
         let s = String::deserialize(d)?;
         HostPort::parse(&s).map_err(serde::de::Error::custom)
     }
+}
+
+/// `dns:` (SPEC section 10): where mesh names are answered and other names forwarded.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DnsConfig {
+    /// UDP and TCP.
+    #[serde(default = "default_dns_listen")]
+    pub listen: SocketAddr,
+    /// True: AAAA queries for mesh names get the service's IPv6 virtual address.
+    #[serde(default)]
+    pub ipv6: bool,
+}
+
+fn default_dns_listen() -> SocketAddr {
+    "127.0.0.1:15053".parse().unwrap()
 }
 
 /// Connection caps (SPEC section 8). Envoy's overload manager plays this part there; the
@@ -641,6 +660,11 @@ impl Config {
                 "tracing.sample_rate".into(),
                 format!("{rate} is not in 0..=1"),
             );
+        }
+        if let Some(dns) = &self.dns {
+            if dns.listen.port() == 0 {
+                err("dns.listen".into(), "port must be in 1..65535".into());
+            }
         }
         let mut seen = std::collections::HashSet::new();
         for (i, s) in self.source_identities.iter().enumerate() {
@@ -900,6 +924,34 @@ mod tests {
             let e = one_error(&format!("{ID}tracing: {yaml}\n"));
             assert!(e.starts_with(want), "{yaml}: {e}");
         }
+    }
+
+    #[test]
+    fn dns_is_optional_and_strict() {
+        let c = Config::parse(Path::new("cfg.yaml"), ID).unwrap();
+        assert!(c.dns.is_none());
+        let c = Config::parse(Path::new("cfg.yaml"), &format!("{ID}dns: {{}}\n")).unwrap();
+        let dns = c.dns.unwrap();
+        assert_eq!(dns.listen.to_string(), "127.0.0.1:15053");
+        assert!(!dns.ipv6);
+        let c = Config::parse(
+            Path::new("cfg.yaml"),
+            &format!("{ID}dns: {{listen: 127.0.0.9:53, ipv6: true}}\n"),
+        )
+        .unwrap();
+        assert!(c.dns.as_ref().unwrap().ipv6);
+        assert_eq!(c.dns.unwrap().listen.to_string(), "127.0.0.9:53");
+        let e = one_error(&format!("{ID}dns: {{listen: 127.0.0.1:15053, ttl: 5}}\n"));
+        assert!(
+            e.starts_with("cfg.yaml: dns.ttl: unknown field `ttl`"),
+            "{e}"
+        );
+        let e = one_error(&format!("{ID}dns: {{listen: 127.0.0.1:0}}\n"));
+        assert_eq!(e, "cfg.yaml: dns.listen: port must be in 1..65535");
+        let e = one_error(&format!("{ID}dns: {{listen: nowhere}}\n"));
+        assert!(e.starts_with("cfg.yaml: dns.listen: "), "{e}");
+        let e = one_error(&format!("{ID}dns: {{ipv6: maybe}}\n"));
+        assert!(e.starts_with("cfg.yaml: dns.ipv6: "), "{e}");
     }
 
     #[test]

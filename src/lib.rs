@@ -13,6 +13,7 @@ pub mod admin;
 pub mod catalog;
 pub mod config;
 pub mod demo;
+pub mod dns;
 pub mod drain;
 #[doc(hidden)]
 pub mod fuzzing;

@@ -77,6 +77,14 @@ pub struct OverflowLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RetryLabels {
+    pub service: String,
+    pub port: u16,
+    /// Why the attempt before failed: `connect-failure`, `pool-closed`, `refused`, `reset`.
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RejectedLabels {
     pub listener: &'static str,
     /// `limit` (the listener's connection cap) or `handshake-evicted` (the oldest connection
@@ -111,6 +119,7 @@ pub struct Metrics {
     pub xds_connected: Gauge,
     pub xds_updates: Family<XdsUpdateLabels, Counter>,
     pub overflows: Family<OverflowLabels, Counter>,
+    pub retries: Family<RetryLabels, Counter>,
     pub connections_rejected: Family<RejectedLabels, Counter>,
     /// Request headers dropped for an underscore in their name, per side.
     pub headers_dropped: Family<DirectionLabels, Counter>,
@@ -122,6 +131,10 @@ pub struct Metrics {
     pub tls_client_sessions: Gauge,
     /// Admin requests refused (`origin`, `body`).
     pub admin_refused: Family<ReasonLabels, Counter>,
+    /// DNS queries by what became of them (`dns::answer::Outcome`).
+    pub dns_queries: Family<ResultLabels, Counter>,
+    /// DNS queries answered SERVFAIL because every in-flight place was taken.
+    pub dns_overloaded: Counter,
     /// Seconds until the earliest certificate of each kind expires; set at scrape time.
     pub certificate_expiry: Family<CertLabels, Gauge>,
     /// Spans accepted by the OTLP collector.
@@ -163,6 +176,12 @@ impl Metrics {
         let xds_connected = Gauge::default();
         let xds_updates = Family::<XdsUpdateLabels, Counter>::default();
         let overflows = Family::<OverflowLabels, Counter>::default();
+        let retries = Family::<RetryLabels, Counter>::default();
+        registry.register(
+            "aether_retries",
+            "Outbound requests sent again to another endpoint, by why the attempt before failed",
+            retries.clone(),
+        );
         let connections_rejected = Family::<RejectedLabels, Counter>::default();
         registry.register(
             "aether_cluster_overflow",
@@ -179,6 +198,18 @@ impl Metrics {
         let access_log_dropped = Counter::default();
         let tls_client_sessions = Gauge::default();
         let admin_refused = Family::<ReasonLabels, Counter>::default();
+        let dns_queries = Family::<ResultLabels, Counter>::default();
+        let dns_overloaded = Counter::default();
+        registry.register(
+            "aether_dns_queries",
+            "DNS queries, by result",
+            dns_queries.clone(),
+        );
+        registry.register(
+            "aether_dns_overloaded",
+            "DNS queries answered SERVFAIL because too many were in flight",
+            dns_overloaded.clone(),
+        );
         let certificate_expiry = Family::<CertLabels, Gauge>::default();
         let trace_spans_exported = Counter::default();
         let trace_spans_dropped = Counter::default();
@@ -317,30 +348,18 @@ impl Metrics {
             xds_connected,
             xds_updates,
             overflows,
+            retries,
             connections_rejected,
             headers_dropped,
             identity_refused,
             access_log_dropped,
             tls_client_sessions,
             admin_refused,
+            dns_queries,
+            dns_overloaded,
             certificate_expiry,
             trace_spans_exported,
             trace_spans_dropped,
-        }
-    }
-
-    /// Sets `aether_certificate_expiry_seconds` from the certificates in use.
-    pub fn certificates(&self, certs: &[crate::identity::expiry::CertInfo]) {
-        use crate::identity::expiry::{seconds_left, unix_now, Kind};
-        let now = unix_now();
-        for kind in [Kind::Workload, Kind::Trust] {
-            if let Some(left) = seconds_left(certs, kind, now) {
-                self.certificate_expiry
-                    .get_or_create(&CertLabels {
-                        cert: kind.as_str(),
-                    })
-                    .set(left);
-            }
         }
     }
 
@@ -350,6 +369,16 @@ impl Metrics {
                 service: service.to_string(),
                 port,
                 breaker,
+            })
+            .inc();
+    }
+
+    pub fn retry(&self, service: &str, port: u16, reason: &'static str) {
+        self.retries
+            .get_or_create(&RetryLabels {
+                service: service.to_string(),
+                port,
+                reason,
             })
             .inc();
     }
@@ -371,6 +400,13 @@ impl Metrics {
         let mut out = String::new();
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+
+    pub fn dns_query(&self, result: &'static str) {
+        let _ = self
+            .dns_queries
+            .get_or_create(&ResultLabels { result })
+            .inc();
     }
 
     pub fn identity_refused(&self, listener: &'static str) {

@@ -179,6 +179,19 @@ async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, Start
     sock.listen(1024).map_err(err("cannot listen"))
 }
 
+/// The DNS listener's two sockets, on one address.
+async fn bind_dns(addr: SocketAddr) -> Result<(tokio::net::UdpSocket, TcpListener), StartError> {
+    let udp = tokio::net::UdpSocket::bind(addr)
+        .await
+        .map_err(|source| StartError::Listener {
+            what: "dns",
+            addr,
+            step: "cannot bind udp",
+            source,
+        })?;
+    Ok((udp, bind("dns", addr).await?))
+}
+
 /// Binds every listener and starts serving; any failure here is a start-up error. With SDS,
 /// the admin listener serves (not ready) while the first identity is awaited; the data
 /// listeners are bound once it has arrived.
@@ -286,14 +299,45 @@ async fn start(
     ));
     let _ = admin.before_scrape.set({
         let identity = identity.clone();
-        Box::new(move || crate::metrics::get().certificates(&identity.current().identity.certs))
+        Box::new(move || {
+            use crate::identity::expiry::{seconds_left, unix_now, Kind};
+            let current = identity.current();
+            let now = unix_now();
+            for kind in [Kind::Workload, Kind::Trust] {
+                if let Some(left) = seconds_left(&current.identity.certs, kind, now) {
+                    let cert = kind.as_str();
+                    crate::metrics::get()
+                        .certificate_expiry
+                        .get_or_create(&crate::metrics::CertLabels { cert })
+                        .set(left);
+                }
+            }
+        })
     });
     let inbound_listener = bind("inbound", cfg.inbound.listen).await?;
     let outbound_listener = bind("outbound", cfg.outbound.listen).await?;
-    let listeners = vec![
+    let mut listeners = vec![
         tokio::spawn(inbound.serve(inbound_listener)),
         tokio::spawn(outbound.serve(outbound_listener)),
     ];
+    if let Some(d) = &cfg.dns {
+        let (udp, tcp) = bind_dns(d.listen).await?;
+        // Read once: a pod's resolv.conf is written before its containers start.
+        let resolv_conf = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+        let dns = Arc::new(crate::dns::Dns::new(
+            &cfg.mesh_domain,
+            d.ipv6,
+            d.listen,
+            &resolv_conf,
+            catalog.clone(),
+        ));
+        listeners.push(tokio::spawn(dns.serve(
+            udp,
+            tcp,
+            drain.clone(),
+            tracker.clone(),
+        )));
+    }
     crate::memory::trim_after_changes(&catalog);
     match (xds, &cfg.catalog) {
         (Some(xds), _) => xds.spawn(),
@@ -310,6 +354,7 @@ async fn start(
         inbound = %cfg.inbound.listen,
         outbound = %cfg.outbound.listen,
         admin = %cfg.admin.listen,
+        dns = ?cfg.dns.as_ref().map(|d| d.listen),
         identity = %identity.current().identity.spiffe_id,
         "aether-proxy serving"
     );
@@ -442,6 +487,9 @@ fn admin_views(
                     })).collect::<Vec<_>>(),
                 },
                 "outbound": { "listen": cfg.outbound.listen.to_string() },
+                "dns": cfg.dns.as_ref().map(|d| serde_json::json!({
+                    "listen": d.listen.to_string(), "ipv6": d.ipv6,
+                })),
                 "admin": { "listen": cfg.admin.listen.to_string() },
                 "readiness": { "required_listeners": cfg.readiness.required_listeners },
                 "catalog": { "path": cfg.catalog.as_ref().map(|c| &c.path) },

@@ -7,11 +7,9 @@
 //! order: the name that sorts first keeps the slot, the other probes the next hash. A service
 //! therefore moves only when a new name that sorts before it lands on its exact slot.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
-
-use super::model::Service;
 
 /// Slots 0 (240.240.0.0) and 65535 (240.240.255.255) look like network and broadcast
 /// addresses to some tools; neither is handed out.
@@ -86,16 +84,10 @@ impl VirtualIps {
         table
     }
 
-    pub fn of_catalog(services: &BTreeMap<String, Arc<Service>>) -> VirtualIps {
-        VirtualIps::build(services.keys().map(String::as_str))
-    }
-
-    /// True when `self` was built from exactly these names (so it can be kept as is).
-    pub fn same_names(&self, services: &BTreeMap<String, Arc<Service>>) -> bool {
-        self.slot_of.len() == services.len()
-            && services
-                .keys()
-                .all(|n| self.slot_of.contains_key(n.as_str()))
+    /// True when `self` was built from exactly these names, none repeated (so it can be kept
+    /// as is).
+    pub fn same_names<'a>(&self, names: impl ExactSizeIterator<Item = &'a str>) -> bool {
+        self.slot_of.len() == names.len() && { names }.all(|n| self.slot_of.contains_key(n))
     }
 
     pub fn v4(&self, service: &str) -> Option<Ipv4Addr> {

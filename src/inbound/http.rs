@@ -18,7 +18,7 @@ use super::peer::{Peer, TlsStream};
 use crate::accesslog::{self, ConnLog, Decided, RequestLog};
 use crate::drain::{Drain, Phase, Tracker};
 use crate::http::answer::{Body, Reason};
-use crate::http::body::{Activity, Metered, ReqBody, RespBody};
+use crate::http::body::{Activity, ReqBody, RespBody};
 use crate::http::headers;
 use crate::http::server::{serve_until_drained, ConnRequests, RequestOpen, Servers, Timed, Wire};
 use crate::identity::SpiffeId;
@@ -133,7 +133,7 @@ impl HttpChains {
         let activity = Activity::new();
         let expects = crate::http::expect::expects_continue(&req);
         let req = req.map(|b| {
-            Metered::new(b, log.received.clone())
+            ReqBody::from_peer(b, log.received.clone())
                 .guarded("inbound", activity.clone())
                 .held_for_continue(expects)
         });

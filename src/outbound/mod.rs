@@ -32,7 +32,7 @@ use crate::catalog::{CatalogStore, PortProtocol};
 use crate::config::{Config, Locality};
 use crate::drain::{accept_until_closing, Drain, Phase, Tracker};
 use crate::http::answer::{Body, Reason};
-use crate::http::body::{Activity, Metered, ReqBody, RespBody};
+use crate::http::body::{Activity, ReqBody, RespBody};
 use crate::http::headers;
 use crate::http::server::{serve_until_drained, ConnRequests, RequestOpen, Servers, Timed, Wire};
 use crate::identity::IdentityStore;
@@ -201,7 +201,7 @@ impl Outbound {
         let expects = crate::http::expect::expects_continue(&req);
         let wants_trailers = headers::h1_wants_trailers(&req);
         let req = req.map(|b| {
-            Metered::new(b, log.received.clone())
+            ReqBody::from_peer(b, log.received.clone())
                 .guarded("outbound", activity.clone())
                 .held_for_continue(expects)
         });

@@ -41,6 +41,7 @@ pub struct ProxyBuilder {
     args: Vec<String>,
     wait_ready: bool,
     stdout_stuck: bool,
+    netns: Option<String>,
 }
 
 impl ProxyBuilder {
@@ -58,6 +59,14 @@ impl ProxyBuilder {
     /// every write blocks, like a stuck log collector.
     pub fn stdout_stuck(mut self) -> Self {
         self.stdout_stuck = true;
+        self
+    }
+    /// Runs the proxy inside network namespace `ns` (`ip netns exec`, so it sees
+    /// `/etc/netns/<ns>/resolv.conf` as `/etc/resolv.conf`). Its admin listener is then out of
+    /// the test's reach: the proxy is not waited for (the test checks readiness itself).
+    pub fn netns(mut self, ns: &str) -> Self {
+        self.netns = Some(ns.into());
+        self.wait_ready = false;
         self
     }
     /// Do not wait for `/readyz` 200 (readiness tests wait themselves).
@@ -116,7 +125,14 @@ impl ProxyBuilder {
             (f.into(), None)
         };
         let stderr = fs::File::create(dir.path().join("stderr.log")).expect("stderr.log");
-        let mut cmd = Command::new(BIN);
+        let mut cmd = match &self.netns {
+            None => Command::new(BIN),
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, BIN]);
+                c
+            }
+        };
         cmd.arg("run")
             .arg("--config")
             .arg(&config_path)
@@ -161,6 +177,7 @@ impl Proxy {
             args: Vec::new(),
             wait_ready: true,
             stdout_stuck: false,
+            netns: None,
         }
     }
 
