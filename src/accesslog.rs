@@ -143,6 +143,42 @@ impl RequestLog {
     }
 }
 
+/// A connection that carries no HTTP request (a captured connection tunnelled to a service's
+/// tcp port, or egress), logged once when it closes with the fields of a request line:
+/// `method` is `TCP`, `path` is empty and `status` says what the proxy did (200 connected).
+pub struct ConnectionLog {
+    pub start: std::time::Instant,
+    /// The service's cluster name, or the original destination for egress.
+    pub authority: String,
+}
+
+impl ConnectionLog {
+    pub fn finish(
+        &self,
+        status: u16,
+        error: Option<&str>,
+        upstream: Option<std::net::SocketAddr>,
+        (received, sent): (u64, u64),
+        peer: Option<&SpiffeId>,
+    ) {
+        log(&Entry {
+            time: now_rfc3339(),
+            direction: "outbound",
+            method: "TCP",
+            authority: &self.authority,
+            path: "",
+            status,
+            error,
+            upstream,
+            duration_ms: self.start.elapsed().as_secs_f64() * 1000.0,
+            bytes_received: received,
+            bytes_sent: sent,
+            peer_identity: peer.map(SpiffeId::as_str),
+            request_id: None,
+        });
+    }
+}
+
 /// Wraps a response so that, when its body ends, the request is logged and counted and
 /// `guard` (in-flight counters and the like) is released.
 pub fn finish_with<G: Send + Sync + 'static>(

@@ -122,6 +122,16 @@ pub struct Metrics {
     pub tls_client_sessions: Gauge,
     /// Admin requests refused (`origin`, `body`).
     pub admin_refused: Family<ReasonLabels, Counter>,
+    /// Captured connections to destinations outside the mesh, by what `outbound.egress` did.
+    pub egress: Family<EgressLabels, Counter>,
+    /// Captured connections to a service's HTTP port whose first bytes were not HTTP (closed).
+    pub captured_not_http: Counter,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EgressLabels {
+    /// `deny` or `passthrough` (`outbound.egress`).
+    pub action: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -167,6 +177,21 @@ impl Metrics {
         let access_log_dropped = Counter::default();
         let tls_client_sessions = Gauge::default();
         let admin_refused = Family::<ReasonLabels, Counter>::default();
+        let egress = Family::<EgressLabels, Counter>::default();
+        let captured_not_http = Counter::default();
+        registry.register(
+            "aether_egress",
+            "Captured connections to destinations outside the mesh, by action",
+            egress.clone(),
+        );
+        registry.register(
+            "aether_captured_not_http",
+            "Captured connections to a service's HTTP port closed because they did not speak HTTP",
+            captured_not_http.clone(),
+        );
+        for action in ["deny", "passthrough"] {
+            let _ = egress.get_or_create(&EgressLabels { action });
+        }
         registry.register(
             "aether_request_headers_dropped",
             "Request headers dropped for an underscore in their name",
@@ -293,6 +318,8 @@ impl Metrics {
             access_log_dropped,
             tls_client_sessions,
             admin_refused,
+            egress,
+            captured_not_http,
         }
     }
 
