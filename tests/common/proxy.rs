@@ -41,6 +41,7 @@ pub struct ProxyBuilder {
     args: Vec<String>,
     wait_ready: bool,
     stdout_stuck: bool,
+    wrapper: Vec<String>,
 }
 
 impl ProxyBuilder {
@@ -58,6 +59,13 @@ impl ProxyBuilder {
     /// every write blocks, like a stuck log collector.
     pub fn stdout_stuck(mut self) -> Self {
         self.stdout_stuck = true;
+        self
+    }
+    /// Runs the binary through `prefix` (e.g. `ip netns exec <ns> setpriv --reuid=...`), which
+    /// must exec it in place (so the child's pid is the proxy's). The temp dir is made readable
+    /// by every uid, since a wrapped proxy may run as another.
+    pub fn wrap(mut self, prefix: &[&str]) -> Self {
+        self.wrapper = prefix.iter().map(|s| s.to_string()).collect();
         self
     }
     /// Do not wait for `/readyz` 200 (readiness tests wait themselves).
@@ -116,7 +124,17 @@ impl ProxyBuilder {
             (f.into(), None)
         };
         let stderr = fs::File::create(dir.path().join("stderr.log")).expect("stderr.log");
-        let mut cmd = Command::new(BIN);
+        let mut cmd = match self.wrapper.split_first() {
+            None => Command::new(BIN),
+            Some((first, rest)) => {
+                use std::os::unix::fs::PermissionsExt;
+                fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755))
+                    .expect("chmod the proxy's temp dir");
+                let mut c = Command::new(first);
+                c.args(rest).arg(BIN);
+                c
+            }
+        };
         cmd.arg("run")
             .arg("--config")
             .arg(&config_path)
@@ -161,6 +179,7 @@ impl Proxy {
             args: Vec::new(),
             wait_ready: true,
             stdout_stuck: false,
+            wrapper: Vec::new(),
         }
     }
 
