@@ -407,7 +407,10 @@ fn admin_views(
                         "port": p.port, "protocol": p.protocol.as_str(), "allow": p.allow,
                     })).collect::<Vec<_>>(),
                 },
-                "outbound": { "listen": cfg.outbound.listen.to_string() },
+                "outbound": {
+                    "listen": cfg.outbound.listen.to_string(),
+                    "egress": cfg.outbound.egress.as_str(),
+                },
                 "admin": { "listen": cfg.admin.listen.to_string() },
                 "readiness": { "required_listeners": cfg.readiness.required_listeners },
                 "catalog": { "path": cfg.catalog.as_ref().map(|c| &c.path) },
@@ -426,12 +429,23 @@ fn admin_views(
             "catalog": {
                 "version": catalog.version(),
                 "services": catalog.load().services.keys().collect::<Vec<_>>(),
+                // Where captured apps reach each service (SPEC section 10).
+                "virtual_ips": virtual_ips(&catalog),
             },
             "clusters": c.to_json()["clusters"].clone(),
             "xds": xds.as_ref().map(|x| serde_json::to_value(&*x.lock().unwrap_or_else(|e| e.into_inner())).unwrap_or_default()),
         })
     });
     vec![("/clusters", clusters_view), ("/config_dump", dump)]
+}
+
+/// Each service's virtual address, for `/config_dump`.
+fn virtual_ips(catalog: &CatalogStore) -> serde_json::Map<String, serde_json::Value> {
+    let now = catalog.load();
+    now.services
+        .keys()
+        .filter_map(|n| Some((n.clone(), now.vips.v4(n)?.to_string().into())))
+        .collect()
 }
 
 async fn signals(drain: Drain) {

@@ -418,6 +418,9 @@ async fn unmodified_clients_reach_service_ports_and_other_destinations_are_denie
     )]);
     let client = client_proxy_in(&ns, &certs, &catalog, "deny").await;
     assert_eq!(uid_of(client.pid().unwrap()), PROXY_UID.to_string());
+    let dump = client.admin_get("/config_dump").await.unwrap().json();
+    assert_eq!(dump["catalog"]["virtual_ips"]["payments"], vip.to_string());
+    assert_eq!(dump["config"]["outbound"]["egress"], "deny");
 
     // HTTP/1.1 to a service port, Host naming it: the 9090 app answers (over h2 behind).
     let resolve = format!("{SVC}:9090:{vip}");
