@@ -8,6 +8,9 @@ COPY . .
 RUN cargo build --release --locked
 
 FROM debian:bookworm-slim
+# iptables: the init container runs `aether-proxy redirect --apply` from this image.
+RUN apt-get update && apt-get install -y --no-install-recommends iptables \
+    && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/target/release/aether-proxy /usr/local/bin/aether-proxy
 # 15001 outbound, 15008 inbound (mTLS), 15000 admin
 EXPOSE 15001 15008 15000
