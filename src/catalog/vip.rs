@@ -11,8 +11,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
-use super::model::Service;
-
 /// Slots 0 (240.240.0.0) and 65535 (240.240.255.255) look like network and broadcast
 /// addresses to some tools; neither is handed out.
 const SLOTS: u32 = 65_534;
@@ -86,12 +84,14 @@ impl VirtualIps {
         table
     }
 
-    pub fn of_catalog(services: &BTreeMap<String, Arc<Service>>) -> VirtualIps {
+    /// Addresses for a catalog's services (by name; generic so this file does not import the
+    /// model, which holds the table).
+    pub fn of_catalog<S>(services: &BTreeMap<String, S>) -> VirtualIps {
         VirtualIps::build(services.keys().map(String::as_str))
     }
 
     /// True when `self` was built from exactly these names (so it can be kept as is).
-    pub fn same_names(&self, services: &BTreeMap<String, Arc<Service>>) -> bool {
+    pub fn same_names<S>(&self, services: &BTreeMap<String, S>) -> bool {
         self.slot_of.len() == services.len()
             && services
                 .keys()
