@@ -33,7 +33,8 @@
 //!   same CA.
 //! * `proxy`: [`Proxy`], `aether-proxy run` in a temp dir; waits for `/readyz` 200; stdout (the
 //!   access log) and stderr captured to files; killed on drop; signals and exit status for
-//!   drain tests; its resident memory (`Proxy::rss_kib`).
+//!   drain tests; its resident memory (`Proxy::rss_kib`); `ProxyBuilder::wrap` runs it through a
+//!   command such as `ip netns exec <ns> setpriv ...` (another namespace, another uid).
 //! * `apps`: [`HttpApp`] (HTTP/1.1, h2c or both) and [`TcpEcho`], apps that record what they
 //!   saw.
 //! * `tls`: [`TlsClient`], a BoringSSL client with chosen cert, SNI, ALPN; [`TlsFailure`] keeps
