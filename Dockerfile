@@ -8,11 +8,13 @@ COPY . .
 RUN cargo build --release --locked
 
 FROM debian:bookworm-slim
-# iptables: the init container runs `aether-proxy redirect --apply` from this image.
+# iptables for `aether-proxy redirect --apply` in the pod's init container (SPEC section 10).
 RUN apt-get update && apt-get install -y --no-install-recommends iptables \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/target/release/aether-proxy /usr/local/bin/aether-proxy
-# 15001 outbound, 15008 inbound (mTLS), 15000 admin
-EXPOSE 15001 15008 15000
+# 15001 outbound, 15008 inbound (mTLS), 15000 admin (loopback), 15021 health probes
+EXPOSE 15001 15008 15000 15021
+# The proxy's own uid: the capture rules exempt it, so its connections are never redirected.
+USER 1337:1337
 ENTRYPOINT ["/usr/local/bin/aether-proxy"]
 CMD ["run", "--config", "/etc/aether/config.yaml"]

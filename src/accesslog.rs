@@ -1,4 +1,5 @@
-//! One JSON line per request on stdout (SPEC section 6).
+//! One JSON line per request on stdout (SPEC section 6), and one per spliced connection (tcp
+//! chain, CONNECT tunnel, upgrade) when it closes (SPEC section 12).
 //!
 //! Lines are buffered and flushed by a background thread every 50 ms (and at exit), so the data
 //! path never waits on a stdout write.
@@ -33,6 +34,76 @@ pub struct Entry<'a> {
     pub bytes_sent: u64,
     pub peer_identity: Option<&'a str>,
     pub request_id: Option<&'a str>,
+}
+
+/// The line a spliced connection leaves when it closes.
+#[derive(Serialize)]
+pub struct ConnEntry<'a> {
+    pub time: String,
+    pub direction: &'a str,
+    /// `tcp` (an inbound tcp chain), `connect`, `upgrade`, `capture` (a captured connection
+    /// tunnelled to a service's tcp port), `egress` (a captured connection leaving the mesh).
+    pub protocol: &'a str,
+    pub authority: &'a str,
+    pub upstream: Option<std::net::SocketAddr>,
+    pub duration_ms: f64,
+    pub bytes_received: u64,
+    pub bytes_sent: u64,
+    pub end_reason: &'a str,
+    /// Why the proxy closed a captured connection itself (an `x-aether-error` reason, or
+    /// `egress-denied`); absent on every other line.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<&'a str>,
+    pub peer_identity: Option<&'a str>,
+    pub request_id: Option<&'a str>,
+}
+
+/// A spliced connection's record, started when it opens; `finish` writes its line.
+pub struct ConnLog {
+    pub start: std::time::Instant,
+    pub direction: Direction,
+    pub protocol: &'static str,
+    pub authority: String,
+    pub upstream: Option<std::net::SocketAddr>,
+    pub peer_identity: Option<SpiffeId>,
+    pub request_id: Option<http::HeaderValue>,
+    /// See `ConnEntry::error`.
+    pub error: Option<&'static str>,
+}
+
+impl ConnLog {
+    pub fn new(direction: Direction, protocol: &'static str, authority: String) -> ConnLog {
+        ConnLog {
+            start: std::time::Instant::now(),
+            direction,
+            protocol,
+            authority,
+            upstream: None,
+            peer_identity: None,
+            request_id: None,
+            error: None,
+        }
+    }
+
+    pub fn finish(self, s: &crate::sockets::Spliced) {
+        log(&ConnEntry {
+            time: now_rfc3339(),
+            direction: match self.direction {
+                Direction::inbound => "inbound",
+                Direction::outbound => "outbound",
+            },
+            protocol: self.protocol,
+            authority: &self.authority,
+            upstream: self.upstream,
+            duration_ms: self.start.elapsed().as_secs_f64() * 1000.0,
+            bytes_received: s.received,
+            bytes_sent: s.sent,
+            end_reason: s.end.as_str(),
+            error: self.error,
+            peer_identity: self.peer_identity.as_ref().map(SpiffeId::as_str),
+            request_id: self.request_id.as_ref().and_then(|v| v.to_str().ok()),
+        });
+    }
 }
 
 fn buffer() -> &'static Mutex<Vec<u8>> {
@@ -143,42 +214,6 @@ impl RequestLog {
     }
 }
 
-/// A connection that carries no HTTP request (a captured connection tunnelled to a service's
-/// tcp port, or egress), logged once when it closes with the fields of a request line:
-/// `method` is `TCP`, `path` is empty and `status` says what the proxy did (200 connected).
-pub struct ConnectionLog {
-    pub start: std::time::Instant,
-    /// The service's cluster name, or the original destination for egress.
-    pub authority: String,
-}
-
-impl ConnectionLog {
-    pub fn finish(
-        &self,
-        status: u16,
-        error: Option<&str>,
-        upstream: Option<std::net::SocketAddr>,
-        (received, sent): (u64, u64),
-        peer: Option<&SpiffeId>,
-    ) {
-        log(&Entry {
-            time: now_rfc3339(),
-            direction: "outbound",
-            method: "TCP",
-            authority: &self.authority,
-            path: "",
-            status,
-            error,
-            upstream,
-            duration_ms: self.start.elapsed().as_secs_f64() * 1000.0,
-            bytes_received: received,
-            bytes_sent: sent,
-            peer_identity: peer.map(SpiffeId::as_str),
-            request_id: None,
-        });
-    }
-}
-
 /// Wraps a response so that, when its body ends, the request is logged and counted and
 /// `guard` (in-flight counters and the like) is released.
 pub fn finish_with<G: Send + Sync + 'static>(
@@ -201,7 +236,7 @@ pub fn finish_with<G: Send + Sync + 'static>(
 /// a few thousand lines, far more than 50 ms of traffic when stdout keeps up.
 pub const MAX_BUFFERED: usize = 1 << 20;
 
-pub fn log(entry: &Entry<'_>) {
+pub fn log(entry: &impl Serialize) {
     let mut line = Vec::with_capacity(512);
     if serde_json::to_writer(&mut line, entry).is_err() {
         return;

@@ -31,6 +31,8 @@ pub struct Admin {
     pub set_log_filter: SetLogFilter,
     /// Extra JSON views (config dump, clusters), set once the proxy has its identity.
     pub views: std::sync::OnceLock<Vec<(&'static str, View)>>,
+    /// Sets the gauges that are computed when scraped (certificate expiry).
+    pub before_scrape: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 fn reply(
@@ -62,6 +64,27 @@ fn refuse_post(req: &Request<Incoming>) -> Option<&'static str> {
     None
 }
 
+/// True when the scraper's `Accept` names OpenMetrics without refusing it (`q=0`); Prometheus
+/// sends it first, curl and older scrapers do not.
+fn wants_openmetrics(req: &Request<Incoming>) -> bool {
+    req.headers()
+        .get_all(http::header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|choice| {
+            let mut parts = choice.split(';').map(str::trim);
+            parts
+                .next()
+                .is_some_and(|t| t.eq_ignore_ascii_case("application/openmetrics-text"))
+                && !parts.any(|p| {
+                    p.strip_prefix("q=")
+                        .and_then(|q| q.parse::<f32>().ok())
+                        .is_some_and(|q| q <= 0.0)
+                })
+        })
+}
+
 fn json(status: StatusCode, v: serde_json::Value) -> Response<Full<Bytes>> {
     let mut body = serde_json::to_vec(&v).unwrap_or_default();
     body.push(b'\n');
@@ -69,7 +92,8 @@ fn json(status: StatusCode, v: serde_json::Value) -> Response<Full<Bytes>> {
 }
 
 impl Admin {
-    pub async fn serve(self: Arc<Self>, listener: TcpListener) {
+    /// Serves admin (`health: false`) or the health listener (`health: true`, SPEC 12).
+    pub async fn serve(self: Arc<Self>, listener: TcpListener, health: bool) {
         loop {
             let tcp = match listener.accept().await {
                 Ok((tcp, _)) => tcp,
@@ -84,7 +108,13 @@ impl Admin {
             tokio::spawn(async move {
                 let svc = service_fn(move |req| {
                     let this = this.clone();
-                    async move { Ok::<_, Infallible>(this.handle(req).await) }
+                    async move {
+                        Ok::<_, Infallible>(if health {
+                            this.health(req).await
+                        } else {
+                            this.handle(req).await
+                        })
+                    }
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
                     .timer(TokioTimer::new())
@@ -92,6 +122,15 @@ impl Admin {
                     .serve_connection(TokioIo::new(tcp), svc)
                     .await;
             });
+        }
+    }
+
+    /// The health listener: readiness exactly as `/readyz`, liveness, nothing else.
+    async fn health(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        match (req.method(), req.uri().path()) {
+            (&Method::GET, "/healthz/ready") => self.readyz().await,
+            (&Method::GET, "/healthz") => reply(StatusCode::OK, "text/plain", "ok\n"),
+            _ => reply(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
         }
     }
 
@@ -115,11 +154,25 @@ impl Admin {
         match (req.method(), path) {
             (&Method::GET, "/health" | "/healthz") => reply(StatusCode::OK, "text/plain", "ok\n"),
             (&Method::GET, "/readyz") => self.readyz().await,
-            (&Method::GET, "/metrics") => reply(
-                StatusCode::OK,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                crate::metrics::get().encode(),
-            ),
+            (&Method::GET, "/metrics") => {
+                if let Some(f) = self.before_scrape.get() {
+                    f();
+                }
+                let text = crate::metrics::get().encode();
+                if wants_openmetrics(&req) {
+                    reply(
+                        StatusCode::OK,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        text,
+                    )
+                } else {
+                    reply(
+                        StatusCode::OK,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                        crate::metrics::classic_text(&text),
+                    )
+                }
+            }
             (&Method::POST, "/drain") => {
                 self.drain.advance(Phase::Notifying);
                 reply(StatusCode::OK, "text/plain", "draining\n")

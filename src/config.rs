@@ -327,6 +327,14 @@ impl Default for AdminConfig {
     }
 }
 
+/// `health.listen`: only `/healthz/ready` and `/healthz`, so it can face the kubelet on the
+/// pod address while admin stays on loopback.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthConfig {
+    pub listen: SocketAddr,
+}
+
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReadinessConfig {
@@ -382,6 +390,9 @@ pub struct Config {
     pub outbound: OutboundConfig,
     #[serde(default)]
     pub admin: AdminConfig,
+    /// The kubelet's probe port (SPEC section 12); no listener when absent.
+    #[serde(default)]
+    pub health: Option<HealthConfig>,
     #[serde(default)]
     pub readiness: ReadinessConfig,
     /// Required unless `discovery` is set (then it is not used).

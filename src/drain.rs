@@ -11,6 +11,8 @@ pub enum Phase {
     Notifying,
     /// Listeners closed; connections are finishing.
     Closing,
+    /// `drain.timeout` passed: what is still open (tunnels) ends now, logged as `drain`.
+    Cut,
 }
 
 #[derive(Clone)]

@@ -77,6 +77,14 @@ pub struct OverflowLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RetryLabels {
+    pub service: String,
+    pub port: u16,
+    /// Why the attempt before failed: `connect-failure`, `pool-closed`, `refused`, `reset`.
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RejectedLabels {
     pub listener: &'static str,
     /// `limit` (the listener's connection cap) or `handshake-evicted` (the oldest connection
@@ -111,6 +119,7 @@ pub struct Metrics {
     pub xds_connected: Gauge,
     pub xds_updates: Family<XdsUpdateLabels, Counter>,
     pub overflows: Family<OverflowLabels, Counter>,
+    pub retries: Family<RetryLabels, Counter>,
     pub connections_rejected: Family<RejectedLabels, Counter>,
     /// Request headers dropped for an underscore in their name, per side.
     pub headers_dropped: Family<DirectionLabels, Counter>,
@@ -122,6 +131,8 @@ pub struct Metrics {
     pub tls_client_sessions: Gauge,
     /// Admin requests refused (`origin`, `body`).
     pub admin_refused: Family<ReasonLabels, Counter>,
+    /// Seconds until the earliest certificate of each kind expires; set at scrape time.
+    pub certificate_expiry: Family<CertLabels, Gauge>,
     /// Captured connections to destinations outside the mesh, by what `outbound.egress` did.
     pub egress: Family<EgressLabels, Counter>,
     /// Captured connections to a service's HTTP port whose first bytes were not HTTP (closed).
@@ -132,6 +143,12 @@ pub struct Metrics {
 pub struct EgressLabels {
     /// `deny` or `passthrough` (`outbound.egress`).
     pub action: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CertLabels {
+    /// `workload` or `trust`.
+    pub cert: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -161,6 +178,12 @@ impl Metrics {
         let xds_connected = Gauge::default();
         let xds_updates = Family::<XdsUpdateLabels, Counter>::default();
         let overflows = Family::<OverflowLabels, Counter>::default();
+        let retries = Family::<RetryLabels, Counter>::default();
+        registry.register(
+            "aether_retries",
+            "Outbound requests sent again to another endpoint, by why the attempt before failed",
+            retries.clone(),
+        );
         let connections_rejected = Family::<RejectedLabels, Counter>::default();
         registry.register(
             "aether_cluster_overflow",
@@ -177,6 +200,12 @@ impl Metrics {
         let access_log_dropped = Counter::default();
         let tls_client_sessions = Gauge::default();
         let admin_refused = Family::<ReasonLabels, Counter>::default();
+        let certificate_expiry = Family::<CertLabels, Gauge>::default();
+        registry.register(
+            "aether_certificate_expiry_seconds",
+            "Seconds until the earliest not-after of the workload chain or the trust bundle",
+            certificate_expiry.clone(),
+        );
         let egress = Family::<EgressLabels, Counter>::default();
         let captured_not_http = Counter::default();
         registry.register(
@@ -312,6 +341,7 @@ impl Metrics {
             xds_connected,
             xds_updates,
             overflows,
+            retries,
             connections_rejected,
             headers_dropped,
             identity_refused,
@@ -320,6 +350,22 @@ impl Metrics {
             admin_refused,
             egress,
             captured_not_http,
+            certificate_expiry,
+        }
+    }
+
+    /// Sets `aether_certificate_expiry_seconds` from the certificates in use.
+    pub fn certificates(&self, certs: &[crate::identity::expiry::CertInfo]) {
+        use crate::identity::expiry::{seconds_left, unix_now, Kind};
+        let now = unix_now();
+        for kind in [Kind::Workload, Kind::Trust] {
+            if let Some(left) = seconds_left(certs, kind, now) {
+                self.certificate_expiry
+                    .get_or_create(&CertLabels {
+                        cert: kind.as_str(),
+                    })
+                    .set(left);
+            }
         }
     }
 
@@ -329,6 +375,16 @@ impl Metrics {
                 service: service.to_string(),
                 port,
                 breaker,
+            })
+            .inc();
+    }
+
+    pub fn retry(&self, service: &str, port: u16, reason: &'static str) {
+        self.retries
+            .get_or_create(&RetryLabels {
+                service: service.to_string(),
+                port,
+                reason,
             })
             .inc();
     }
@@ -400,4 +456,44 @@ impl Drop for ActiveConnection {
             .get_or_create(&ListenerLabels { listener: self.0 })
             .dec();
     }
+}
+
+/// The classic Prometheus text format (0.0.4) of an OpenMetrics exposition, for scrapers that
+/// did not ask for OpenMetrics (SPEC section 6). The sample lines are the same in both; what
+/// differs: a counter family is named with its `_total` suffix in HELP and TYPE, `unknown` is
+/// `untyped`, and there is no `# UNIT` or `# EOF`.
+pub fn classic_text(openmetrics: &str) -> String {
+    let counters: std::collections::HashSet<&str> = openmetrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|rest| rest.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let meta = ["# HELP ", "# TYPE "]
+            .into_iter()
+            .find_map(|p| line.strip_prefix(p).map(|rest| (p, rest)));
+        match meta {
+            Some((prefix, rest)) => {
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                out.push_str(prefix);
+                out.push_str(name);
+                if counters.contains(name) {
+                    out.push_str("_total");
+                }
+                out.push(' ');
+                out.push_str(if prefix == "# TYPE " && tail == "unknown" {
+                    "untyped"
+                } else {
+                    tail
+                });
+            }
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
 }

@@ -195,6 +195,7 @@ async fn start(
         listeners: ListenerCheck::new(cfg.readiness.required_listeners.clone()),
         set_log_filter,
         views: Default::default(),
+        before_scrape: Default::default(),
     });
     let admin_listener = bind("admin", cfg.admin.listen)
         .await?
@@ -205,8 +206,22 @@ async fn start(
             step: "detach",
             source,
         })?;
+    let health_listener = match &cfg.health {
+        Some(h) => Some(
+            bind("health", h.listen)
+                .await?
+                .into_std()
+                .map_err(|source| StartError::Listener {
+                    what: "health",
+                    addr: h.listen,
+                    step: "detach",
+                    source,
+                })?,
+        ),
+        None => None,
+    };
     {
-        // Its own thread and runtime: scrapes never queue behind data-path work.
+        // Its own thread and runtime: scrapes and probes never queue behind data-path work.
         let admin = admin.clone();
         std::thread::Builder::new()
             .name("aether-admin".into())
@@ -216,8 +231,11 @@ async fn start(
                     .build();
                 if let Ok(rt) = rt {
                     rt.block_on(async move {
+                        if let Some(Ok(l)) = health_listener.map(TcpListener::from_std) {
+                            tokio::spawn(admin.clone().serve(l, true));
+                        }
                         if let Ok(l) = TcpListener::from_std(admin_listener) {
-                            admin.serve(l).await;
+                            admin.serve(l, false).await;
                         }
                     });
                 }
@@ -265,6 +283,10 @@ async fn start(
         &identity,
         xds.as_ref().map(|x| x.status.clone()),
     ));
+    let _ = admin.before_scrape.set({
+        let identity = identity.clone();
+        Box::new(move || crate::metrics::get().certificates(&identity.current().identity.certs))
+    });
     let inbound_listener = bind("inbound", cfg.inbound.listen).await?;
     let outbound_listener = bind("outbound", cfg.outbound.listen).await?;
     let listeners = vec![
@@ -332,6 +354,11 @@ async fn serve(
     let left = tracker.wait_idle(cfg.drain.timeout).await;
     if left > 0 {
         tracing::warn!(open = left, "drain timeout reached; closing what is left");
+        // Tunnels end now and leave their access-log lines (end_reason "drain").
+        drain.advance(Phase::Cut);
+        tracker
+            .wait_idle(std::time::Duration::from_millis(200))
+            .await;
     } else {
         tracing::info!("drain complete");
     }
@@ -378,6 +405,12 @@ fn admin_views(
 ) -> Vec<(&'static str, crate::admin::View)> {
     let c = clusters.clone();
     let clusters_view: crate::admin::View = Box::new(move || c.to_json());
+    let id = identity.clone();
+    let certs_view: crate::admin::View = Box::new(move || {
+        let current = id.current();
+        let certs: Vec<_> = current.identity.certs.iter().map(|c| c.to_json()).collect();
+        serde_json::json!({ "certificates": certs })
+    });
     let (cfg, catalog, c, identity) = (
         cfg.clone(),
         catalog.clone(),
@@ -436,7 +469,11 @@ fn admin_views(
             "xds": xds.as_ref().map(|x| serde_json::to_value(&*x.lock().unwrap_or_else(|e| e.into_inner())).unwrap_or_default()),
         })
     });
-    vec![("/clusters", clusters_view), ("/config_dump", dump)]
+    vec![
+        ("/clusters", clusters_view),
+        ("/config_dump", dump),
+        ("/certs", certs_view),
+    ]
 }
 
 /// Each service's virtual address, for `/config_dump`.

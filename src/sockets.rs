@@ -11,6 +11,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use crate::drain::{Drain, Phase};
 use crate::http::body::Activity;
 use crate::http::limits::{KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES};
 
@@ -27,15 +28,70 @@ pub fn tune(tcp: &TcpStream) {
     }
 }
 
+/// Why a spliced connection ended (SPEC section 12's `end_reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndReason {
+    /// Both sides finished (FIN both ways).
+    Eof,
+    /// A side reset or vanished.
+    Reset,
+    /// No byte either way for `tunnel_idle`.
+    IdleTimeout,
+    /// The drain ran out of time with the connection still open.
+    Drain,
+    Error,
+}
+
+impl EndReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EndReason::Eof => "eof",
+            EndReason::Reset => "reset",
+            EndReason::IdleTimeout => "idle-timeout",
+            EndReason::Drain => "drain",
+            EndReason::Error => "error",
+        }
+    }
+
+    fn of(e: &std::io::Error) -> EndReason {
+        use std::io::ErrorKind::*;
+        match e.kind() {
+            ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof => EndReason::Reset,
+            _ => EndReason::Error,
+        }
+    }
+}
+
+/// How a splice went: payload bytes read from each side (`a` is the side that asked for the
+/// connection, so its bytes are the ones received) and why it ended.
+#[derive(Debug, Clone, Copy)]
+pub struct Spliced {
+    pub received: u64,
+    pub sent: u64,
+    pub end: EndReason,
+}
+
+impl Spliced {
+    /// A connection closed before any byte was spliced (not allowed, nothing to connect to).
+    pub fn refused() -> Spliced {
+        Spliced {
+            received: 0,
+            sent: 0,
+            end: EndReason::Error,
+        }
+    }
+}
+
 /// Copies bytes both ways until both sides are done (half-close respected: each write side is
-/// shut down when the other side's read ends), an error, or `idle` without a byte either way.
-/// An idle end is counted for `listener`. Returns the bytes copied (a to b, b to a).
+/// shut down when the other side's read ends), an error, `idle` without a byte either way
+/// (counted for `listener`), or the end of the drain (`Phase::Cut`).
 pub async fn splice<A, B>(
     a: &mut A,
     b: &mut B,
     idle: Duration,
     listener: &'static str,
-) -> std::io::Result<(u64, u64)>
+    drain: &Drain,
+) -> Spliced
 where
     A: AsyncRead + AsyncWrite + Unpin + ?Sized,
     B: AsyncRead + AsyncWrite + Unpin + ?Sized,
@@ -44,27 +100,39 @@ where
     let mut a = Touch {
         inner: a,
         activity: activity.clone(),
+        read: 0,
     };
     let mut b = Touch {
         inner: b,
         activity: activity.clone(),
+        read: 0,
     };
-    let copy = tokio::io::copy_bidirectional(&mut a, &mut b);
-    tokio::pin!(copy);
-    loop {
-        let deadline = activity.last() + idle;
-        tokio::select! {
-            r = &mut copy => return r,
-            _ = tokio::time::sleep_until(deadline) => {
-                if activity.last() + idle <= Instant::now() {
-                    crate::metrics::get().cut_off(listener, "tunnel_idle");
-                    return Err(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        "no bytes either way for too long",
-                    ));
+    let end = {
+        let copy = tokio::io::copy_bidirectional(&mut a, &mut b);
+        tokio::pin!(copy);
+        let cut = Drain::reached(drain.watch(), Phase::Cut);
+        tokio::pin!(cut);
+        loop {
+            let deadline = activity.last() + idle;
+            tokio::select! {
+                r = &mut copy => break match r {
+                    Ok(_) => EndReason::Eof,
+                    Err(e) => EndReason::of(&e),
+                },
+                _ = &mut cut => break EndReason::Drain,
+                _ = tokio::time::sleep_until(deadline) => {
+                    if activity.last() + idle <= Instant::now() {
+                        crate::metrics::get().cut_off(listener, "tunnel_idle");
+                        break EndReason::IdleTimeout;
+                    }
                 }
             }
         }
+    };
+    Spliced {
+        received: a.read,
+        sent: b.read,
+        end,
     }
 }
 
@@ -72,6 +140,8 @@ where
 struct Touch<'a, S: ?Sized> {
     inner: &'a mut S,
     activity: Activity,
+    /// Bytes read from this side.
+    read: u64,
 }
 
 impl<S: AsyncRead + Unpin + ?Sized> AsyncRead for Touch<'_, S> {
@@ -82,7 +152,9 @@ impl<S: AsyncRead + Unpin + ?Sized> AsyncRead for Touch<'_, S> {
     ) -> Poll<std::io::Result<()>> {
         let before = buf.filled().len();
         let r = Pin::new(&mut *self.inner).poll_read(cx, buf);
-        if buf.filled().len() > before {
+        let got = buf.filled().len() - before;
+        if got > 0 {
+            self.read += got as u64;
             self.activity.touch();
         }
         r
@@ -122,7 +194,9 @@ mod tests {
         let (mut a, mut a_peer) = tokio::io::duplex(1024);
         let (mut b, mut b_peer) = tokio::io::duplex(1024);
         let start = std::time::Instant::now();
-        let task = tokio::spawn(async move { splice(&mut a, &mut b, idle, "inbound").await });
+        let drain = Drain::default();
+        let task =
+            tokio::spawn(async move { splice(&mut a, &mut b, idle, "inbound", &drain).await });
         // Bytes one way, then the other, each within the idle time: still open at 3x idle.
         let mut buf = [0u8; 8];
         for i in 0..6 {
@@ -138,8 +212,64 @@ mod tests {
         assert!(!task.is_finished(), "closed while bytes moved");
         let r = task.await.unwrap();
         let took = start.elapsed();
-        assert_eq!(r.unwrap_err().kind(), std::io::ErrorKind::TimedOut);
+        assert_eq!(r.end, EndReason::IdleTimeout);
+        assert_eq!((r.received, r.sent), (3, 3));
         assert!(took >= idle * 3 + idle, "took {took:?}");
+    }
+
+    #[tokio::test]
+    async fn a_splice_reports_bytes_and_why_it_ended() {
+        let idle = Duration::from_secs(30);
+        // Both sides finish: eof, with the payload counted per side.
+        let (mut a, mut a_peer) = tokio::io::duplex(1024);
+        let (mut b, mut b_peer) = tokio::io::duplex(1024);
+        let drain = Drain::default();
+        let task =
+            tokio::spawn(async move { splice(&mut a, &mut b, idle, "inbound", &drain).await });
+        a_peer.write_all(b"hello").await.unwrap();
+        a_peer.shutdown().await.unwrap();
+        let mut got = Vec::new();
+        b_peer.write_all(b"hi").await.unwrap();
+        b_peer.shutdown().await.unwrap();
+        b_peer.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, b"hello");
+        let r = task.await.unwrap();
+        assert_eq!((r.received, r.sent, r.end), (5, 2, EndReason::Eof));
+
+        // The drain's end cuts what is still open.
+        let (mut a, _a_peer) = tokio::io::duplex(1024);
+        let (mut b, _b_peer) = tokio::io::duplex(1024);
+        let drain = Drain::default();
+        let d = drain.clone();
+        let task = tokio::spawn(async move { splice(&mut a, &mut b, idle, "inbound", &d).await });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!task.is_finished());
+        drain.advance(Phase::Cut);
+        let r = tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.end, EndReason::Drain);
+
+        // A side that vanishes mid-stream: reset.
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut near = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (peer, _) = l.accept().await.unwrap();
+        let (mut b, mut b_peer) = tokio::io::duplex(1024);
+        let drain = Drain::default();
+        let task =
+            tokio::spawn(async move { splice(&mut near, &mut b, idle, "inbound", &drain).await });
+        b_peer.write_all(b"unread").await.unwrap();
+        // Closing with unread bytes (or SO_LINGER 0) makes the kernel send a RST.
+        socket2::SockRef::from(&peer)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
+        drop(peer);
+        let r = tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.end, EndReason::Reset, "{r:?}");
     }
 
     #[tokio::test]

@@ -1377,3 +1377,155 @@ impl IdentityDir {
         )
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// 9. What admin shows of the certificates
+// ---------------------------------------------------------------------------------------------
+
+/// Unix seconds of a PEM certificate's not-after.
+fn not_after_of(path: &std::path::Path) -> i64 {
+    let pem = std::fs::read(path).unwrap();
+    let (_, pem) = x509_parser::pem::parse_x509_pem(&pem).unwrap();
+    pem.parse_x509().unwrap().validity().not_after.timestamp()
+}
+
+fn now_secs() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+/// `GET /certs` lists the workload and trust certificates with serial, SANs and not-after, and
+/// `aether_certificate_expiry_seconds` counts down to the earliest of each kind; both follow a
+/// rotation to a leaf that expires in two days.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_and_their_expiry_follow_rotation() {
+    let pod = Net::fresh().pod(0);
+    let certs = certs();
+    let id = IdentityDir::new(&certs);
+    let proxy = server_proxy(&certs, pod, &[], Some(id.yaml()), "").await;
+
+    let listed = |v: serde_json::Value, kind: &str| -> Vec<serde_json::Value> {
+        v["certificates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["kind"] == kind)
+            .cloned()
+            .collect()
+    };
+    let view = proxy.admin_get("/certs").await.unwrap().json();
+    let workload = listed(view.clone(), "workload");
+    let trust = listed(view.clone(), "trust");
+    assert_eq!((workload.len(), trust.len()), (1, 1), "{view}");
+    assert_eq!(
+        workload[0]["serial"].as_str().unwrap().to_ascii_uppercase(),
+        serial_of_pem_file(&id.crt).to_ascii_uppercase()
+    );
+    assert_eq!(
+        workload[0]["sans"],
+        serde_json::json!([certs.spiffe_id(PAYMENTS)])
+    );
+    assert_eq!(
+        trust[0]["serial"].as_str().unwrap().to_ascii_uppercase(),
+        serial_of_pem_file(&id.ca).to_ascii_uppercase()
+    );
+    let not_after = |c: &serde_json::Value| {
+        time::OffsetDateTime::parse(
+            c["not_after"].as_str().unwrap(),
+            &time::format_description::well_known::Rfc3339,
+        )
+        .unwrap_or_else(|e| panic!("not RFC 3339: {c}: {e}"))
+        .unix_timestamp()
+    };
+    assert_eq!(not_after(&workload[0]), not_after_of(&id.crt));
+    assert_eq!(not_after(&trust[0]), not_after_of(&id.ca));
+
+    let expiry = "aether_certificate_expiry_seconds";
+    let left = metric(&proxy, expiry, &["cert=\"workload\""]).await as i64;
+    let want = not_after_of(&id.crt) - now_secs();
+    assert!((left - want).abs() <= 60, "{left} vs {want}");
+    let left = metric(&proxy, expiry, &["cert=\"trust\""]).await as i64;
+    let want = not_after_of(&id.ca) - now_secs();
+    assert!((left - want).abs() <= 60, "{left} vs {want}");
+
+    // A leaf from the same CA that expires in two days, made with openssl.
+    let dir = tempfile::tempdir().unwrap();
+    let (key, csr, crt, ext) = (
+        dir.path().join("k.pem"),
+        dir.path().join("r.csr"),
+        dir.path().join("c.pem"),
+        dir.path().join("ext.cnf"),
+    );
+    std::fs::write(
+        &ext,
+        format!("subjectAltName=URI:{}\n", certs.spiffe_id(PAYMENTS)),
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "openssl {args:?}: {out:?}");
+    };
+    let p = |p: &std::path::Path| p.to_str().unwrap().to_string();
+    run(&[
+        "req",
+        "-new",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-keyout",
+        &p(&key),
+        "-subj",
+        "/CN=payments",
+        "-out",
+        &p(&csr),
+    ]);
+    let ca_key = certs.dir().join("ca.key");
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        &p(&csr),
+        "-CA",
+        &p(&certs.ca()),
+        "-CAkey",
+        &p(&ca_key),
+        "-set_serial",
+        "0x5eed",
+        "-days",
+        "2",
+        "-extfile",
+        &p(&ext),
+        "-out",
+        &p(&crt),
+    ]);
+    write_atomic(&id.key, &std::fs::read(&key).unwrap());
+    write_atomic(&id.crt, &std::fs::read(&crt).unwrap());
+
+    let deadline = Instant::now() + RELOAD_TIMEOUT;
+    let rotated = loop {
+        let view = proxy.admin_get("/certs").await.unwrap().json();
+        let w = listed(view, "workload");
+        if w.first().is_some_and(|c| c["serial"] == "5eed") {
+            break w[0].clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/certs still shows {w:?}; stderr:\n{}",
+            tail(&proxy.stderr(), 20)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(not_after(&rotated), not_after_of(&crt));
+    let left = metric(&proxy, expiry, &["cert=\"workload\""]).await as i64;
+    assert!(
+        (left - 2 * 86400).abs() <= 120,
+        "two days left after the rotation, not {left}"
+    );
+}

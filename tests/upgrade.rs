@@ -426,6 +426,27 @@ async fn half_close_crosses_an_upgraded_connection() {
         .unwrap()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&rest), ", worldbye after 12 bytes");
+
+    // Each side leaves one line when the upgraded connection closes (SPEC section 12): payload
+    // bytes each way, and both sides finished.
+    let upgraded = |v: &serde_json::Value| v["protocol"] == "upgrade";
+    let client = m.client.wait_access_log(IO_TIMEOUT, upgraded).await;
+    let server = m.server.wait_access_log(IO_TIMEOUT, upgraded).await;
+    for (line, direction) in [(&client, "outbound"), (&server, "inbound")] {
+        assert_eq!(line["direction"], direction, "{line}");
+        assert_eq!(line["bytes_received"], 12, "{line}");
+        assert_eq!(line["bytes_sent"], 5 + 7 + 18, "{line}");
+        assert_eq!(line["end_reason"], "eof", "{line}");
+        assert!(line["duration_ms"].as_f64().unwrap() > 0.0, "{line}");
+    }
+    assert_eq!(client["authority"], format!("{SVC}:9003"));
+    assert_eq!(client["peer_identity"], m._certs.spiffe_id(PAYMENTS));
+    assert_eq!(server["peer_identity"], m._certs.spiffe_id(FRONTEND));
+    assert_eq!(
+        client["request_id"], server["request_id"],
+        "one request id on both sides"
+    );
+    assert!(client["request_id"].as_str().is_some_and(|s| !s.is_empty()));
 }
 
 /// The tcp idle timeout ends an upgraded connection that moves no bytes; bytes either way keep
@@ -480,6 +501,17 @@ async fn the_idle_timeout_closes_an_idle_upgraded_connection() {
         stream_cut, 0.0,
         "the stream idle timer must not cut a tunnel"
     );
+    // The side whose timer fired says so in its line; the other saw its peer go.
+    let upgraded = |v: &serde_json::Value| v["protocol"] == "upgrade";
+    let client = m.client.wait_access_log(IO_TIMEOUT, upgraded).await;
+    let server = m.server.wait_access_log(IO_TIMEOUT, upgraded).await;
+    let reasons = [&client["end_reason"], &server["end_reason"]];
+    assert!(
+        reasons.contains(&&serde_json::json!("idle-timeout")),
+        "{client}\n{server}"
+    );
+    assert_eq!(client["bytes_received"], 12, "{client}");
+    assert_eq!(client["bytes_sent"], 12, "{client}");
 }
 
 /// A real Envoy 1.40 as the client pod (fed by the test control plane, `upgrade_configs:

@@ -11,7 +11,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{Either, Full};
+use http_body_util::{Either, Empty, Full};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 
 /// What runs at the end of a response: it gets whether the body ended cleanly.
@@ -69,8 +69,9 @@ pub struct Metered<B> {
     held: Option<super::expect::Held>,
 }
 
-/// A request body on its way upstream.
-pub type ReqBody = Metered<Incoming>;
+/// A request body on its way upstream: the peer's, or none (a body-less request sent again on
+/// a retry: hyper's `Incoming` cannot be made anew, and an `Either` costs no allocation).
+pub type ReqBody = Metered<Either<Incoming, Empty<Bytes>>>;
 /// A response body: streamed from a peer, or made here.
 pub type RespBody = Metered<Either<Incoming, Full<Bytes>>>;
 
@@ -137,6 +138,33 @@ impl<B> Metered<B> {
         }
         self.finish(false);
         what.into()
+    }
+}
+
+impl ReqBody {
+    /// A request body from the peer.
+    pub fn from_peer(inner: Incoming, bytes: Arc<AtomicU64>) -> ReqBody {
+        Metered::new(Either::Left(inner), bytes)
+    }
+
+    /// For a request that has no body: an empty body that counts and notes activity where this
+    /// one does, to send the request again after this one was consumed by an attempt. `None`
+    /// when the body has content (or may have): that cannot be sent twice.
+    pub fn empty_twin(&self) -> Option<ReqBody> {
+        if !self.inner.is_end_stream() {
+            return None;
+        }
+        Some(Metered {
+            inner: Either::Right(Empty::new()),
+            bytes: self.bytes.clone(),
+            on_end: None,
+            guard: self.guard.as_ref().map(|g| Guard {
+                listener: g.listener,
+                activity: g.activity.clone(),
+                idle: None,
+            }),
+            held: None,
+        })
     }
 }
 

@@ -67,6 +67,8 @@ pub struct Identity {
     pub spiffe_id: SpiffeId,
     /// Serial of the leaf, hex; logged on load and rotation.
     pub serial: String,
+    /// Every certificate of the chain and the bundle, as admin shows them (`/certs`).
+    pub certs: Vec<super::expiry::CertInfo>,
 }
 
 impl Identity {
@@ -119,12 +121,18 @@ impl Identity {
             .to_bn()
             .and_then(|b| b.to_hex_str().map(|s| s.to_string()))
             .unwrap_or_default();
+        use super::expiry::{CertInfo, Kind};
+        let certs = (chain.iter().map(|c| (Kind::Workload, c)))
+            .chain(ca.iter().map(|c| (Kind::Trust, c)))
+            .filter_map(|(kind, c)| CertInfo::of_der(kind, &c.to_der().ok()?))
+            .collect();
         Ok(Identity {
             chain,
             key,
             ca,
             spiffe_id,
             serial,
+            certs,
         })
     }
 }

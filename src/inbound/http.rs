@@ -15,10 +15,10 @@ use tokio::net::TcpStream;
 
 use super::chain::{Chain, HttpCodec};
 use super::peer::{Peer, TlsStream};
-use crate::accesslog::{self, Decided, RequestLog};
+use crate::accesslog::{self, ConnLog, Decided, RequestLog};
 use crate::drain::{Drain, Phase, Tracker};
 use crate::http::answer::{Body, Reason};
-use crate::http::body::{Activity, Metered, ReqBody, RespBody};
+use crate::http::body::{Activity, ReqBody, RespBody};
 use crate::http::headers;
 use crate::http::server::{serve_until_drained, ConnRequests, RequestOpen, Servers, Timed, Wire};
 use crate::identity::SpiffeId;
@@ -131,7 +131,7 @@ impl HttpChains {
         let activity = Activity::new();
         let expects = crate::http::expect::expects_continue(&req);
         let req = req.map(|b| {
-            Metered::new(b, log.received.clone())
+            ReqBody::from_peer(b, log.received.clone())
                 .guarded("inbound", activity.clone())
                 .held_for_continue(expects)
         });
@@ -207,7 +207,9 @@ impl HttpChains {
                 return Err(Reason::UpgradeNotSupported);
             }
             headers::retarget(&mut req, false, authority)?;
-            return self.upgrade(req, port, open).await;
+            return self
+                .upgrade(req, port, authority, &conn.peer.spiffe_id, open)
+                .await;
         }
         headers::retarget(&mut req, to_h2, authority)?;
         let key = (port, to_h2);
@@ -234,9 +236,15 @@ impl HttpChains {
         &self,
         mut req: Request<ReqBody>,
         port: u16,
+        authority: &str,
+        peer: &SpiffeId,
         open: &mut Option<RequestOpen>,
     ) -> Result<(Response<Body>, Option<StreamGuard>), Reason> {
         let near = hyper::upgrade::on(&mut req);
+        let mut log = ConnLog::new(Direction::inbound, "upgrade", authority.to_string());
+        log.request_id = req.headers().get(headers::X_REQUEST_ID).cloned();
+        log.upstream = Some(std::net::SocketAddr::new(self.app_host, port));
+        log.peer_identity = Some(peer.clone());
         let tcp = self.dial_app(port).await?;
         let mut sender = pool::handshake_h1(TokioIo::new(tcp), ())
             .await
@@ -251,9 +259,9 @@ impl HttpChains {
         };
         let far = hyper::upgrade::on(&mut resp);
         headers::strip_hop_by_hop_upgrading(resp.headers_mut(), to);
-        let name = format!("app port {port}");
         let held = (self.tracker.track(), open.take().map(RequestOpen::tunnel));
-        tunnel::splice(near, tunnel::Far::Upgraded(far), "inbound", name, held);
+        let far = tunnel::Far::Upgraded(far);
+        tunnel::splice(near, far, "inbound", log, self.drain.clone(), held);
         Ok((resp.map(|_| Either::Right(Full::default())), None))
     }
 

@@ -119,7 +119,7 @@ impl Inbound {
             return;
         };
         match chain.server(tls.ssl().selected_alpn_protocol()) {
-            Server::Tcp => tcp::forward(self.http.app_host, &chain, &peer, tls).await,
+            Server::Tcp => tcp::forward(self.http.app_host, &chain, &peer, tls, &self.drain).await,
             Server::Http(codec) => {
                 let own_id = self.identity.current().identity.spiffe_id.clone();
                 self.http

@@ -7,11 +7,26 @@ use std::net::IpAddr;
 
 use super::chain::Chain;
 use super::peer::{Peer, TlsStream};
+use crate::accesslog::ConnLog;
+use crate::drain::Drain;
+use crate::metrics::Direction;
+use crate::sockets::Spliced;
 
-pub async fn forward(app_host: IpAddr, chain: &Chain, peer: &Peer, mut tls: TlsStream) {
+pub async fn forward(
+    app_host: IpAddr,
+    chain: &Chain,
+    peer: &Peer,
+    mut tls: TlsStream,
+    drain: &Drain,
+) {
+    let app_addr = std::net::SocketAddr::new(app_host, chain.port);
+    let mut log = ConnLog::new(Direction::inbound, "tcp", app_addr.to_string());
+    log.upstream = Some(app_addr);
+    log.peer_identity = Some(peer.spiffe_id.clone());
     if !chain.allows(&peer.spiffe_id) {
         tracing::info!(peer = %peer.spiffe_id, port = chain.port, "inbound tcp: identity not allowed; closing");
         let _ = tls.shutdown().await;
+        log.finish(&Spliced::refused());
         return;
     }
     let mut app = match TcpStream::connect((app_host, chain.port)).await {
@@ -22,6 +37,7 @@ pub async fn forward(app_host: IpAddr, chain: &Chain, peer: &Peer, mut tls: TlsS
                 "inbound tcp: app port did not answer: {e}"
             );
             let _ = tls.shutdown().await;
+            log.finish(&Spliced::refused());
             return;
         }
     };
@@ -29,8 +45,6 @@ pub async fn forward(app_host: IpAddr, chain: &Chain, peer: &Peer, mut tls: TlsS
     // Each write side is shut down when the other side's read ends, so a half-closed peer
     // still gets the app's remaining answer.
     let idle = crate::http::limits::timers().tunnel_idle;
-    match crate::sockets::splice(&mut tls, &mut app, idle, "inbound").await {
-        Ok((up, down)) => tracing::debug!(port = chain.port, up, down, "inbound tcp done"),
-        Err(e) => tracing::debug!(port = chain.port, "inbound tcp ended: {e}"),
-    }
+    let spliced = crate::sockets::splice(&mut tls, &mut app, idle, "inbound", drain).await;
+    log.finish(&spliced);
 }

@@ -11,17 +11,18 @@
 //! 4. any other destination: `outbound.egress` (closed without a byte, or connected as is).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::time::Instant;
 
 use tokio::net::TcpStream;
 
 use super::cluster::{ActiveGuard, Cluster};
 use super::connect::Upstream;
 use super::tunnel;
-use crate::accesslog::ConnectionLog;
+use crate::accesslog::ConnLog;
 use crate::config::{Egress, Locality};
+use crate::drain::Drain;
 use crate::http::answer::Reason;
 use crate::metrics::{self, Direction, EgressLabels, RequestLabels};
+use crate::sockets::Spliced;
 
 /// Captured apps share the pod's address: per-source identities (SPEC section 3) are for
 /// explicit clients only, so captured connections present the workload's own identity.
@@ -53,51 +54,47 @@ pub fn redirected(tcp: &TcpStream, listen: SocketAddr) -> Option<SocketAddr> {
 /// A captured connection whose port's protocol cannot be known (e.g. the control plane did not
 /// answer for it): closed, since guessing could hand a tcp port HTTP or the reverse.
 pub fn unresolved(service: &str, mesh_domain: &str, port: u16, r: Reason) {
-    let log = ConnectionLog {
-        start: Instant::now(),
-        authority: format!("{service}.{mesh_domain}:{port}"),
-    };
+    let authority = format!("{service}.{mesh_domain}:{port}");
+    let mut log = ConnLog::new(Direction::outbound, "capture", authority);
+    log.error = Some(r.as_str());
     count(service, 0, r.status().as_u16());
-    log.finish(r.status().as_u16(), Some(r.as_str()), None, (0, 0), None);
+    log.finish(&Spliced::refused());
 }
 
 /// A tunnel to the service's tcp port, opened before any client byte is read (with CONNECT's
-/// endpoint choice, retries, breakers and pins), then bytes both ways until either side ends.
+/// endpoint choice, retries, breakers and pins), then bytes both ways until either side ends,
+/// the idle timeout or the drain's end.
 pub async fn tunnel_to(
     up: &Upstream,
     locality: Option<&Locality>,
     cluster: &Cluster,
+    drain: &Drain,
     mut tcp: TcpStream,
 ) {
-    let log = ConnectionLog {
-        start: Instant::now(),
-        authority: cluster.name.clone(),
-    };
+    let mut log = ConnLog::new(Direction::outbound, "capture", cluster.name.clone());
     let service = &cluster.service;
-    let fail = |r: Reason| {
+    let fail = |mut log: ConnLog, r: Reason| {
         count(&service.name, cluster.port, r.status().as_u16());
-        log.finish(r.status().as_u16(), Some(r.as_str()), None, (0, 0), None);
+        log.error = Some(r.as_str());
+        log.finish(&Spliced::refused());
     };
     let Some(admitted) = cluster.admit() else {
-        return fail(Reason::Overflow);
+        return fail(log, Reason::Overflow);
     };
     let no_headers = http::HeaderMap::new();
     let opened = tunnel::open(up, locality, cluster, &no_headers, CAPTURED_SOURCE);
     let (mut tls, slot, ep) = match opened.await {
         Ok(v) => v,
-        Err(r) => return fail(r),
+        Err(r) => return fail(log, r),
     };
+    log.upstream = Some(ep.address);
+    log.peer_identity = Some(service.identity.clone());
     let held = (ActiveGuard::new(ep.clone()), admitted, slot);
     count(&service.name, cluster.port, 200);
     let idle = crate::http::limits::timers().tunnel_idle;
-    let bytes = crate::sockets::splice(&mut tcp, &mut tls, idle, "outbound")
-        .await
-        .unwrap_or_else(|e| {
-            tracing::debug!(cluster = %cluster.name, "captured tunnel ended: {e}");
-            (0, 0)
-        });
+    let spliced = crate::sockets::splice(&mut tcp, &mut tls, idle, "outbound", drain).await;
     drop(held);
-    log.finish(200, None, Some(ep.address), bytes, Some(&service.identity));
+    log.finish(&spliced);
 }
 
 /// Waits (up to the head timer) for a captured connection to a service's HTTP port to send its
@@ -126,22 +123,19 @@ pub async fn speaks_http(tcp: &TcpStream, addr: SocketAddr) -> bool {
 }
 
 /// A destination outside the mesh: `outbound.egress` decides.
-pub async fn egress(action: Egress, mut tcp: TcpStream, dst: SocketAddr) {
+pub async fn egress(action: Egress, drain: &Drain, mut tcp: TcpStream, dst: SocketAddr) {
     metrics::get()
         .egress
         .get_or_create(&EgressLabels {
             action: action.as_str(),
         })
         .inc();
-    let log = ConnectionLog {
-        start: Instant::now(),
-        authority: dst.to_string(),
-    };
+    let mut log = ConnLog::new(Direction::outbound, "egress", dst.to_string());
     if action == Egress::Deny {
         // Closed without a byte.
         drop(tcp);
-        log.finish(403, Some("egress-denied"), None, (0, 0), None);
-        return;
+        log.error = Some("egress-denied");
+        return log.finish(&Spliced::refused());
     }
     // The proxy's own uid is excluded from the rules, so this connect is not captured.
     let far = tokio::time::timeout(EGRESS_CONNECT_TIMEOUT, TcpStream::connect(dst)).await;
@@ -151,19 +145,15 @@ pub async fn egress(action: Egress, mut tcp: TcpStream, dst: SocketAddr) {
             if let Ok(Err(e)) = failed {
                 tracing::debug!(%dst, "egress connect failed: {e}");
             }
-            let r = Reason::UpstreamConnectFailure;
-            return log.finish(503, Some(r.as_str()), None, (0, 0), None);
+            log.error = Some(Reason::UpstreamConnectFailure.as_str());
+            return log.finish(&Spliced::refused());
         }
     };
     crate::sockets::tune(&far);
+    log.upstream = Some(dst);
     let idle = crate::http::limits::timers().tunnel_idle;
-    let bytes = crate::sockets::splice(&mut tcp, &mut far, idle, "outbound")
-        .await
-        .unwrap_or_else(|e| {
-            tracing::debug!(%dst, "egress connection ended: {e}");
-            (0, 0)
-        });
-    log.finish(200, None, Some(dst), bytes, None);
+    let spliced = crate::sockets::splice(&mut tcp, &mut far, idle, "outbound", drain).await;
+    log.finish(&spliced);
 }
 
 /// Counts a captured tcp connection as a request of the service's port (as CONNECT is).

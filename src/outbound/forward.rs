@@ -1,5 +1,6 @@
 //! An HTTP request to a cluster: the subset, an endpoint, a pooled or new connection, retries
-//! of what was never sent, and the request timeout around all of it.
+//! of what the upstream never processed (or, for idempotent body-less requests, never began
+//! to answer; `retry.rs` decides), and the request timeout around all of it.
 
 use std::net::IpAddr;
 
@@ -9,7 +10,7 @@ use hyper::body::Incoming;
 use super::cluster::{ActiveGuard, Cluster};
 use super::connect::{ConnectError, PoolKey, Upstream};
 use super::pool::{Conn, SendError, StreamGuard};
-use super::retry::{Tries, MAX_RETRIES};
+use super::retry::{self, Resend, Tries, MAX_RETRIES};
 use super::route::choose_subset;
 use crate::config::Locality;
 use crate::http::answer::Reason;
@@ -69,9 +70,14 @@ async fn attempts(
 ) -> Result<(Response<Incoming>, InFlight), Reason> {
     let max_uses = cluster.service.max_requests_per_connection;
     let mut req = Some(req);
-    // One extra round for a pooled connection that turned out closed.
-    for _ in 0..=MAX_RETRIES + 1 {
+    // Why the attempt before this one failed (the `reason` of the retry counter).
+    let mut retrying: Option<&'static str> = None;
+    // Every failure below records its endpoint as tried, so this ends within MAX_RETRIES + 1.
+    for _ in 0..=MAX_RETRIES {
         let ep = tries.next()?;
+        if let Some(why) = retrying.take() {
+            crate::metrics::get().retry(&cluster.service.name, cluster.port, why);
+        }
         let active = ActiveGuard::new(ep.clone());
         let key = up.key(cluster, ep.address, h2_first, src);
         let conn = match up.pool.get(&key, max_uses) {
@@ -83,12 +89,14 @@ async fn attempts(
                     if !tries.failed(&ep, reason) {
                         break;
                     }
+                    retrying = Some("connect-failure");
                     continue;
                 }
                 Err(Dial::WaitedForAFailure) => {
                     if !tries.skip(&ep, Reason::UpstreamConnectFailure) {
                         break;
                     }
+                    retrying = Some("connect-failure");
                     continue;
                 }
             },
@@ -96,16 +104,38 @@ async fn attempts(
         let mut r = req.take().expect("a request is present until sent");
         let to_h2 = matches!(conn, Conn::H2(..));
         headers::retarget(&mut r, to_h2, authority)?;
+        // hyper consumes the request even when the upstream then refuses it: keep a copy to
+        // send again, when that is possible at all.
+        let again = if tries.may_retry() {
+            Resend::of(&r)
+        } else {
+            None
+        };
         match up.pool.send(&key, conn, r, max_uses).await {
             Ok((resp, stream)) => {
                 cluster.record(&ep, resp.status().is_server_error());
                 return Ok((resp, InFlight { active, stream }));
             }
-            Err(SendError::NotSent(r)) => req = Some(*r),
+            Err(SendError::NotSent(r)) => {
+                // The pooled connection was closed before the request went out: another
+                // endpoint, as for a failed connect.
+                if !tries.skip(&ep, Reason::UpstreamConnectFailure) {
+                    break;
+                }
+                req = Some(*r);
+                retrying = Some("pool-closed");
+            }
             Err(SendError::Failed(e)) => {
-                tracing::info!(cluster = %cluster.name, endpoint = %ep.address, "upstream broke the exchange: {e}");
-                cluster.record(&ep, true);
-                return Err(Reason::UpstreamProtocolError);
+                let failure = retry::classify(&e);
+                tracing::info!(cluster = %cluster.name, endpoint = %ep.address, ?failure, "upstream broke the exchange: {e}");
+                let retry_left = tries.failed(&ep, failure.reason());
+                match again {
+                    Some(a) if retry_left && a.allowed_after(failure) => {
+                        req = Some(a.into_request());
+                        retrying = Some(failure.label());
+                    }
+                    _ => return Err(failure.reason()),
+                }
             }
         }
     }

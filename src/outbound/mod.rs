@@ -29,12 +29,12 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::accesslog::{self, Decided, RequestLog};
+use crate::accesslog::{self, ConnLog, Decided, RequestLog};
 use crate::catalog::{CatalogStore, PortProtocol};
 use crate::config::{Config, Egress, Locality};
 use crate::drain::{accept_until_closing, Drain, Phase, Tracker};
 use crate::http::answer::{Body, Reason};
-use crate::http::body::{Activity, Metered, ReqBody, RespBody};
+use crate::http::body::{Activity, ReqBody, RespBody};
 use crate::http::headers;
 use crate::http::server::{serve_until_drained, ConnRequests, RequestOpen, Servers, Timed, Wire};
 use crate::identity::IdentityStore;
@@ -173,7 +173,7 @@ impl Outbound {
     async fn captured(self: Arc<Self>, tcp: TcpStream, addr: SocketAddr, dst: SocketAddr) {
         let name = self.catalog.load().vips.service_at(dst.ip()).cloned();
         let Some(name) = name else {
-            return capture::egress(self.egress, tcp, dst).await;
+            return capture::egress(self.egress, &self.drain, tcp, dst).await;
         };
         let auth = route::MeshAuthority {
             service: std::borrow::Cow::Borrowed(&name),
@@ -181,7 +181,8 @@ impl Outbound {
         };
         match self.cluster_for(&auth).await {
             Ok((cluster, PortProtocol::Tcp)) => {
-                capture::tunnel_to(&self.upstream, self.locality.as_ref(), &cluster, tcp).await
+                let (up, locality) = (&self.upstream, self.locality.as_ref());
+                capture::tunnel_to(up, locality, &cluster, &self.drain, tcp).await
             }
             // Not a tcp port (or not one the service has): HTTP, routed by Host.
             Ok((_, PortProtocol::Http)) | Err(Reason::PortNotExposed) => {
@@ -255,7 +256,7 @@ impl Outbound {
         let expects = crate::http::expect::expects_continue(&req);
         let wants_trailers = headers::h1_wants_trailers(&req);
         let req = req.map(|b| {
-            Metered::new(b, log.received.clone())
+            ReqBody::from_peer(b, log.received.clone())
                 .guarded("outbound", activity.clone())
                 .held_for_continue(expects)
         });
@@ -472,6 +473,8 @@ impl Outbound {
         admitted: Admitted,
     ) -> Outcome {
         let near = hyper::upgrade::on(&mut req);
+        let mut log = ConnLog::new(Direction::outbound, "upgrade", authority.to_string());
+        log.request_id = req.headers().get(headers::X_REQUEST_ID).cloned();
         let locality = self.locality.as_ref();
         let answer = upgrade::send(&self.upstream, locality, req, to, cluster, authority, src);
         match answer.await {
@@ -505,7 +508,10 @@ impl Outbound {
                     open.take().map(RequestOpen::tunnel),
                 );
                 let far = tunnel::Far::Upgraded(far);
-                tunnel::splice(near, far, "outbound", cluster.name.clone(), held);
+                log.upstream = upstream;
+                log.peer_identity = Some(cluster.service.identity.clone());
+                let drain = self.drain.clone();
+                tunnel::splice(near, far, "outbound", log, drain, held);
                 Outcome {
                     resp: resp.map(|_| Either::Right(Full::default())),
                     reason: None,
@@ -536,6 +542,11 @@ impl Outbound {
                 Err(r) => return Outcome::error(r),
             };
         let upgrade = hyper::upgrade::on(&mut req);
+        let authority = req.uri().authority().map_or("", |a| a.as_str());
+        let mut log = ConnLog::new(Direction::outbound, "connect", authority.to_string());
+        log.request_id = req.headers().get(headers::X_REQUEST_ID).cloned();
+        log.upstream = Some(ep.address);
+        log.peer_identity = Some(cluster.service.identity.clone());
         let held = (
             ActiveGuard::new(ep.clone()),
             admitted,
@@ -547,7 +558,8 @@ impl Outbound {
             upgrade,
             tunnel::Far::Tls(tls),
             "outbound",
-            cluster.name.clone(),
+            log,
+            self.drain.clone(),
             held,
         );
         let mut resp = Response::new(Either::Right(Full::default()));

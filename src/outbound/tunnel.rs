@@ -13,8 +13,11 @@ use super::cluster::{Cluster, ConnSlot, EndpointState};
 use super::connect::{ConnectError, Upstream, UpstreamTls};
 use super::retry::Tries;
 use super::route::choose_subset;
+use crate::accesslog::ConnLog;
 use crate::config::Locality;
+use crate::drain::Drain;
 use crate::http::answer::Reason;
+use crate::sockets::Spliced;
 
 /// Connects to an endpoint of `cluster` (of the subset the service's `routes` pick for the
 /// CONNECT's headers, as for any request), retrying failed connects on other endpoints.
@@ -54,34 +57,37 @@ pub enum Far {
 }
 
 /// Copies bytes both ways once the near side (the request's connection) is upgraded, half-close
-/// respected, until `tunnel_idle` passes without a byte; `held` (in-flight counts, the drain
-/// tracker, the request's place on its connection) is released when the tunnel ends. Idle ends
-/// are counted for `listener`.
+/// respected, until `tunnel_idle` passes without a byte or the drain ends; `held` (in-flight
+/// counts, the drain tracker, the request's place on its connection) is released when the
+/// tunnel ends, and `log` leaves its line. Idle ends are counted for `listener`.
 pub fn splice<G: Send + 'static>(
     near: OnUpgrade,
     far: Far,
     listener: &'static str,
-    name: String,
+    log: ConnLog,
+    drain: Drain,
     held: G,
 ) {
     tokio::spawn(async move {
         let idle = crate::http::limits::timers().tunnel_idle;
         let r = async {
             let mut near = TokioIo::new(near.await.map_err(io::Error::other)?);
-            match far {
+            Ok::<_, io::Error>(match far {
                 Far::Tls(mut tls) => {
-                    crate::sockets::splice(&mut near, &mut tls, idle, listener).await
+                    crate::sockets::splice(&mut near, &mut tls, idle, listener, &drain).await
                 }
                 Far::Upgraded(up) => {
                     let mut up = TokioIo::new(up.await.map_err(io::Error::other)?);
-                    crate::sockets::splice(&mut near, &mut up, idle, listener).await
+                    crate::sockets::splice(&mut near, &mut up, idle, listener, &drain).await
                 }
-            }
+            })
         };
-        match r.await {
-            Ok((a, b)) => tracing::debug!(%name, up = a, down = b, "tunnel done"),
-            Err(e) => tracing::debug!(%name, "tunnel ended: {e}"),
-        }
+        let spliced = r.await.unwrap_or_else(|e| {
+            // The upgrade itself failed (a side went away before it completed).
+            tracing::debug!(authority = %log.authority, "tunnel never started: {e}");
+            Spliced::refused()
+        });
+        log.finish(&spliced);
         drop(held);
     });
 }

@@ -16,11 +16,13 @@
 //! * raw HTTP/1.1 ([`raw_exchange`], [`read_head`]) for CONNECT and requests hyper's client will
 //!   not write;
 //! * [`grpc`]: a gRPC echo service and client; [`wire`]: a fake server pod that records what
-//!   the client proxy puts on the wire.
+//!   the client proxy puts on the wire; [`rogue`]: a fake server pod that refuses, resets or
+//!   closes requests on purpose (`tests/retries.rs`).
 //!
 //! Not re-exported by `common`: a test file imports it with `use common::mesh::*;`.
 
 pub mod grpc;
+pub mod rogue;
 pub mod wire;
 
 use std::net::{IpAddr, SocketAddr};

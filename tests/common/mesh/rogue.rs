@@ -1,0 +1,253 @@
+//! A server pod that misbehaves on purpose: real mTLS with the `payments` identity, HTTP/2 chosen
+//! by ALPN, then raw HTTP/2 frames written by hand, so each test decides exactly what the client
+//! proxy sees for a request (a refused stream, a GOAWAY below it, a reset before or after the
+//! response head); or HTTP/1.1, closing the connection under the request. It counts the
+//! requests it got.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use boring::ssl::{AlpnError, SslAcceptor, SslFiletype, SslMethod, SslVerifyMode};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::task::{JoinHandle, JoinSet};
+
+use crate::common::{Certs, IO_TIMEOUT};
+
+/// What the pod does with each request (each HEADERS frame that opens a stream).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Misbehaviour {
+    /// `RST_STREAM(REFUSED_STREAM)`.
+    Refuse,
+    /// `GOAWAY` with a last-stream-id below the request's stream (NO_ERROR), then the
+    /// connection stays open until the client closes it.
+    GoAwayBelow,
+    /// `RST_STREAM(INTERNAL_ERROR)` before any response byte.
+    ResetBeforeResponse,
+    /// The TCP connection closes before any response byte.
+    CloseBeforeResponse,
+    /// A `200` head and a few body bytes, then `RST_STREAM(INTERNAL_ERROR)`.
+    ResetAfterHead,
+    /// A complete, empty `200` for a connection's first request; the connection closes when
+    /// its second request arrives (a pooled connection that dies under its next request).
+    ServeOnceThenClose,
+    /// HTTP/1.1 chosen by ALPN; the connection closes once the request head is read.
+    H1CloseBeforeResponse,
+}
+
+pub struct RoguePod {
+    requests: Arc<Mutex<usize>>,
+    conns: Arc<Mutex<usize>>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for RoguePod {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const DATA: u8 = 0x0;
+const HEADERS: u8 = 0x1;
+const RST_STREAM: u8 = 0x3;
+const SETTINGS: u8 = 0x4;
+const PING: u8 = 0x6;
+const GOAWAY: u8 = 0x7;
+const CONTINUATION: u8 = 0x9;
+const ACK: u8 = 0x1;
+const END_STREAM: u8 = 0x1;
+const END_HEADERS: u8 = 0x4;
+const REFUSED_STREAM: u32 = 0x7;
+const INTERNAL_ERROR: u32 = 0x2;
+
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len() as u32;
+    let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+fn acceptor(certs: &Certs, alpn: &'static [u8]) -> SslAcceptor {
+    let mut b = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls()).unwrap();
+    b.set_certificate_chain_file(certs.cert("payments"))
+        .unwrap();
+    b.set_private_key_file(certs.key("payments"), SslFiletype::PEM)
+        .unwrap();
+    b.set_ca_file(certs.ca()).unwrap();
+    b.set_verify(SslVerifyMode::PEER | SslVerifyMode::FAIL_IF_NO_PEER_CERT);
+    // Like an h2 (or http1) chain: that protocol whatever the client offered first.
+    b.set_alpn_select_callback(move |_, client| {
+        boring::ssl::select_next_proto(alpn, client).ok_or(AlpnError::NOACK)
+    });
+    b.build()
+}
+
+impl RoguePod {
+    pub async fn start(certs: &Certs, addr: SocketAddr, how: Misbehaviour) -> RoguePod {
+        let listener = TcpListener::bind(addr)
+            .await
+            .unwrap_or_else(|e| panic!("rogue pod cannot bind {addr}: {e}"));
+        let alpn: &[u8] = if how == Misbehaviour::H1CloseBeforeResponse {
+            b"\x08http/1.1"
+        } else {
+            b"\x02h2"
+        };
+        let acc = Arc::new(acceptor(certs, alpn));
+        let requests: Arc<Mutex<usize>> = Arc::default();
+        let conns: Arc<Mutex<usize>> = Arc::default();
+        let task = {
+            let (requests, conns) = (requests.clone(), conns.clone());
+            tokio::spawn(async move {
+                let mut tasks = JoinSet::new();
+                while let Ok((tcp, _)) = listener.accept().await {
+                    let (acc, requests, conns) = (acc.clone(), requests.clone(), conns.clone());
+                    tasks.spawn(async move {
+                        let Ok(Ok(tls)) =
+                            tokio::time::timeout(IO_TIMEOUT, tokio_boring::accept(&acc, tcp)).await
+                        else {
+                            return;
+                        };
+                        *conns.lock().unwrap() += 1;
+                        let _ = if how == Misbehaviour::H1CloseBeforeResponse {
+                            serve_h1(tls, requests).await
+                        } else {
+                            serve(tls, how, requests).await
+                        };
+                    });
+                }
+            })
+        };
+        RoguePod {
+            requests,
+            conns,
+            task,
+        }
+    }
+
+    /// Requests it got (header blocks, or HTTP/1.1 heads).
+    pub fn requests(&self) -> usize {
+        *self.requests.lock().unwrap()
+    }
+
+    /// Connections that completed the TLS handshake.
+    pub fn connections(&self) -> usize {
+        *self.conns.lock().unwrap()
+    }
+}
+
+async fn serve<S>(mut s: S, how: Misbehaviour, requests: Arc<Mutex<usize>>) -> std::io::Result<()>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let mut preface = [0u8; 24];
+    s.read_exact(&mut preface).await?;
+    if preface != PREFACE {
+        return Ok(());
+    }
+    s.write_all(&frame(SETTINGS, 0, 0, &[])).await?;
+    // The header block of the stream being opened, across CONTINUATION frames.
+    let mut block: Vec<u8> = Vec::new();
+    let mut served = 0;
+    loop {
+        let mut head = [0u8; 9];
+        s.read_exact(&mut head).await?;
+        let len = (usize::from(head[0]) << 16) | (usize::from(head[1]) << 8) | usize::from(head[2]);
+        let (kind, flags) = (head[3], head[4]);
+        let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+        let mut payload = vec![0u8; len];
+        s.read_exact(&mut payload).await?;
+        match kind {
+            SETTINGS if flags & ACK == 0 => s.write_all(&frame(SETTINGS, ACK, 0, &[])).await?,
+            PING if flags & ACK == 0 => s.write_all(&frame(PING, ACK, 0, &payload)).await?,
+            HEADERS | CONTINUATION => {
+                let mut p = &payload[..];
+                if kind == HEADERS {
+                    // Padding and priority fields, when flagged.
+                    if flags & 0x8 != 0 {
+                        let n = usize::from(p[0]);
+                        p = &p[1..p.len() - n];
+                    }
+                    if flags & 0x20 != 0 {
+                        p = &p[5..];
+                    }
+                }
+                block.extend_from_slice(p);
+                if flags & END_HEADERS == 0 {
+                    continue;
+                }
+                *requests.lock().unwrap() += 1;
+                block.clear();
+                if how == Misbehaviour::ServeOnceThenClose && served == 0 {
+                    served += 1;
+                    // `:status: 200` (static table entry 8), and the stream ends.
+                    s.write_all(&frame(HEADERS, END_HEADERS | END_STREAM, stream, &[0x88]))
+                        .await?;
+                    continue;
+                }
+                act(&mut s, how, stream).await?;
+                if matches!(
+                    how,
+                    Misbehaviour::CloseBeforeResponse | Misbehaviour::ServeOnceThenClose
+                ) {
+                    return Ok(());
+                }
+            }
+            // DATA, RST_STREAM, GOAWAY, WINDOW_UPDATE...: read and ignored.
+            _ => {}
+        }
+    }
+}
+
+async fn act<S>(s: &mut S, how: Misbehaviour, stream: u32) -> std::io::Result<()>
+where
+    S: tokio::io::AsyncWrite + Unpin,
+{
+    match how {
+        Misbehaviour::Refuse => {
+            s.write_all(&frame(RST_STREAM, 0, stream, &REFUSED_STREAM.to_be_bytes()))
+                .await
+        }
+        Misbehaviour::GoAwayBelow => {
+            let mut p = stream.saturating_sub(2).to_be_bytes().to_vec();
+            p.extend_from_slice(&0u32.to_be_bytes());
+            s.write_all(&frame(GOAWAY, 0, 0, &p)).await
+        }
+        Misbehaviour::ResetBeforeResponse => {
+            s.write_all(&frame(RST_STREAM, 0, stream, &INTERNAL_ERROR.to_be_bytes()))
+                .await
+        }
+        Misbehaviour::CloseBeforeResponse
+        | Misbehaviour::ServeOnceThenClose
+        | Misbehaviour::H1CloseBeforeResponse => s.shutdown().await,
+        Misbehaviour::ResetAfterHead => {
+            // `:status: 200` is static table entry 8.
+            s.write_all(&frame(HEADERS, END_HEADERS, stream, &[0x88]))
+                .await?;
+            s.write_all(&frame(DATA, 0, stream, b"partial")).await?;
+            s.flush().await?;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            s.write_all(&frame(RST_STREAM, 0, stream, &INTERNAL_ERROR.to_be_bytes()))
+                .await
+        }
+    }
+}
+
+/// HTTP/1.1: reads a request head, counts it, and closes the connection without a byte back.
+async fn serve_h1<S>(mut s: S, requests: Arc<Mutex<usize>>) -> std::io::Result<()>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if s.read(&mut byte).await? == 0 {
+            return Ok(());
+        }
+        head.push(byte[0]);
+    }
+    *requests.lock().unwrap() += 1;
+    s.shutdown().await
+}
