@@ -510,10 +510,9 @@ async fn unmodified_clients_reach_service_ports_and_other_destinations_are_denie
     // The captured TCP connection is named for its service in the log and the metrics.
     let line = client
         .wait_access_log(LOG_TIMEOUT, |v| {
-            v["method"] == "TCP" && v["authority"] == format!("{SVC}:5432")
+            v["protocol"] == "capture" && v["authority"] == format!("{SVC}:5432")
         })
         .await;
-    assert_eq!(line["status"], 200, "{line}");
     assert_eq!(
         line["upstream"],
         format!("{}:15008", ns.server_ip()),
@@ -521,6 +520,14 @@ async fn unmodified_clients_reach_service_ports_and_other_destinations_are_denie
     );
     assert_eq!(line["peer_identity"], certs.spiffe_id(PAYMENTS), "{line}");
     assert_eq!(line["bytes_received"], 9, "{line}");
+    assert_eq!(line["bytes_sent"], 15 + 9, "{line}");
+    assert_eq!(line["end_reason"], "eof", "{line}");
+    assert!(line.get("error").is_none(), "{line}");
+    let denied = client
+        .wait_access_log(LOG_TIMEOUT, |v| v["protocol"] == "egress")
+        .await;
+    assert_eq!(denied["authority"], elsewhere.to_string(), "{denied}");
+    assert_eq!(denied["error"], "egress-denied", "{denied}");
     let metrics = client.admin_get("/metrics").await.unwrap().text();
     assert_eq!(
         metric(
@@ -635,7 +642,9 @@ async fn passthrough_egress_reaches_the_original_destination_as_the_proxy() {
     let line = client
         .wait_access_log(LOG_TIMEOUT, |v| v["authority"] == dst.to_string())
         .await;
-    assert_eq!(line["method"], "TCP", "{line}");
-    assert_eq!(line["status"], 200, "{line}");
+    assert_eq!(line["protocol"], "egress", "{line}");
+    assert_eq!(line["upstream"], dst.to_string(), "{line}");
     assert_eq!(line["bytes_received"], 4, "{line}");
+    assert_eq!(line["bytes_sent"], 6 + 4, "{line}");
+    assert!(line.get("error").is_none(), "{line}");
 }
