@@ -354,21 +354,6 @@ impl Metrics {
         }
     }
 
-    /// Sets `aether_certificate_expiry_seconds` from the certificates in use.
-    pub fn certificates(&self, certs: &[crate::identity::expiry::CertInfo]) {
-        use crate::identity::expiry::{seconds_left, unix_now, Kind};
-        let now = unix_now();
-        for kind in [Kind::Workload, Kind::Trust] {
-            if let Some(left) = seconds_left(certs, kind, now) {
-                self.certificate_expiry
-                    .get_or_create(&CertLabels {
-                        cert: kind.as_str(),
-                    })
-                    .set(left);
-            }
-        }
-    }
-
     pub fn overflow(&self, service: &str, port: u16, breaker: &'static str) {
         self.overflows
             .get_or_create(&OverflowLabels {

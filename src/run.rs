@@ -285,7 +285,7 @@ async fn start(
     ));
     let _ = admin.before_scrape.set({
         let identity = identity.clone();
-        Box::new(move || crate::metrics::get().certificates(&identity.current().identity.certs))
+        Box::new(move || crate::identity::expiry::export(&identity.current().identity.certs))
     });
     let inbound_listener = bind("inbound", cfg.inbound.listen).await?;
     let outbound_listener = bind("outbound", cfg.outbound.listen).await?;
