@@ -285,7 +285,20 @@ async fn start(
     ));
     let _ = admin.before_scrape.set({
         let identity = identity.clone();
-        Box::new(move || crate::identity::expiry::export(&identity.current().identity.certs))
+        Box::new(move || {
+            use crate::identity::expiry::{seconds_left, unix_now, Kind};
+            let current = identity.current();
+            let now = unix_now();
+            for kind in [Kind::Workload, Kind::Trust] {
+                if let Some(left) = seconds_left(&current.identity.certs, kind, now) {
+                    let cert = kind.as_str();
+                    crate::metrics::get()
+                        .certificate_expiry
+                        .get_or_create(&crate::metrics::CertLabels { cert })
+                        .set(left);
+                }
+            }
+        })
     });
     let inbound_listener = bind("inbound", cfg.inbound.listen).await?;
     let outbound_listener = bind("outbound", cfg.outbound.listen).await?;

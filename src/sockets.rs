@@ -28,6 +28,80 @@ pub fn tune(tcp: &TcpStream) {
     }
 }
 
+/// A socket that can say whether a read would find bytes, without reading.
+pub trait ReadReady {
+    fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>>;
+}
+
+impl ReadReady for TcpStream {
+    fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        TcpStream::poll_read_ready(self, cx)
+    }
+}
+
+/// A TLS stream that asks the socket before asking BoringSSL. hyper polls a connection's read
+/// side several times per exchange, mostly when nothing has arrived; each of those polls would
+/// run `SSL_read` down to a `WouldBlock` and build an error for it (about a tenth of a proxied
+/// request's instructions, measured with callgrind). With nothing buffered in the TLS layer
+/// and a socket not ready, the answer is `Pending` at once; the readiness poll registers the
+/// waker as the read would have.
+pub struct Tls<S> {
+    inner: tokio_boring::SslStream<S>,
+}
+
+impl<S> Tls<S> {
+    pub fn new(inner: tokio_boring::SslStream<S>) -> Tls<S> {
+        Tls { inner }
+    }
+}
+
+impl<S> std::ops::Deref for Tls<S> {
+    type Target = tokio_boring::SslStream<S>;
+    fn deref(&self) -> &Self::Target {
+        &self.inner
+    }
+}
+
+impl<S> std::ops::DerefMut for Tls<S> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.inner
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + ReadReady + Unpin> AsyncRead for Tls<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        use foreign_types::ForeignTypeRef;
+        // SAFETY: a plain query on a live SSL object owned by the stream.
+        let buffered = unsafe { boring_sys::SSL_has_pending(self.inner.ssl().as_ptr()) } != 0;
+        if !buffered && self.inner.get_ref().poll_read_ready(cx).is_pending() {
+            return Poll::Pending;
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Tls<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
 /// Why a spliced connection ended (SPEC section 12's `end_reason`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EndReason {

@@ -25,7 +25,7 @@ impl CatalogStore {
     /// A store holding `first` as version 1.
     pub fn new(mut first: Catalog) -> CatalogStore {
         first.version = 1;
-        first.vips = Arc::new(VirtualIps::of_catalog(&first.services));
+        first.vips = Arc::new(VirtualIps::build(first.services.keys().map(String::as_str)));
         CatalogStore {
             current: ArcSwap::from_pointee(first),
             changed: watch::Sender::new(1),
@@ -64,10 +64,11 @@ impl CatalogStore {
         let services = next.services.len();
         // Most updates change endpoints, not the set of names: keep the table then.
         let current = self.current.load();
-        next.vips = if current.vips.same_names(&next.services) {
+        let names = || next.services.keys().map(String::as_str);
+        next.vips = if current.vips.same_names(names()) {
             current.vips.clone()
         } else {
-            Arc::new(VirtualIps::of_catalog(&next.services))
+            Arc::new(VirtualIps::build(names()))
         };
         drop(current);
         // Sources apply from one thread each; the send_modify below orders concurrent ones.

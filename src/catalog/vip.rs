@@ -7,7 +7,7 @@
 //! order: the name that sorts first keeps the slot, the other probes the next hash. A service
 //! therefore moves only when a new name that sorts before it lands on its exact slot.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
@@ -84,18 +84,10 @@ impl VirtualIps {
         table
     }
 
-    /// Addresses for a catalog's services (by name; generic so this file does not import the
-    /// model, which holds the table).
-    pub fn of_catalog<S>(services: &BTreeMap<String, S>) -> VirtualIps {
-        VirtualIps::build(services.keys().map(String::as_str))
-    }
-
-    /// True when `self` was built from exactly these names (so it can be kept as is).
-    pub fn same_names<S>(&self, services: &BTreeMap<String, S>) -> bool {
-        self.slot_of.len() == services.len()
-            && services
-                .keys()
-                .all(|n| self.slot_of.contains_key(n.as_str()))
+    /// True when `self` was built from exactly these names, none repeated (so it can be kept
+    /// as is).
+    pub fn same_names<'a>(&self, names: impl ExactSizeIterator<Item = &'a str>) -> bool {
+        self.slot_of.len() == names.len() && { names }.all(|n| self.slot_of.contains_key(n))
     }
 
     pub fn v4(&self, service: &str) -> Option<Ipv4Addr> {

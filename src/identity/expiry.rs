@@ -94,22 +94,6 @@ pub fn seconds_left(certs: &[CertInfo], kind: Kind, now: i64) -> Option<i64> {
         .min()
 }
 
-/// Sets `aether_certificate_expiry_seconds` from the certificates in use (here rather than in
-/// `metrics`, which imports nothing of `identity`).
-pub fn export(certs: &[CertInfo]) {
-    let now = unix_now();
-    for kind in [Kind::Workload, Kind::Trust] {
-        if let Some(left) = seconds_left(certs, kind, now) {
-            crate::metrics::get()
-                .certificate_expiry
-                .get_or_create(&crate::metrics::CertLabels {
-                    cert: kind.as_str(),
-                })
-                .set(left);
-        }
-    }
-}
-
 pub fn unix_now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

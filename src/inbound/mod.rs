@@ -136,7 +136,7 @@ impl Inbound {
         &self,
         mut tcp: TcpStream,
         addr: SocketAddr,
-    ) -> Option<(tokio_boring::SslStream<Prefixed<TcpStream>>, chain::Chain)> {
+    ) -> Option<(peer::TlsStream, chain::Chain)> {
         let mut buf = BytesMut::with_capacity(2048);
         let hello = match clienthello::read(&mut tcp, &mut buf, hello_timeout()).await {
             Ok(h) => h,
@@ -162,7 +162,7 @@ impl Inbound {
         let accepted =
             tokio::time::timeout(HANDSHAKE_TIMEOUT, tokio_boring::accept(acceptor, io)).await;
         match accepted {
-            Ok(Ok(tls)) => Some((tls, chain.clone())),
+            Ok(Ok(tls)) => Some((crate::sockets::Tls::new(tls), chain.clone())),
             Ok(Err(e)) => {
                 tracing::debug!(%addr, "inbound handshake failed: {e}");
                 metrics::get().handshake("inbound", false);

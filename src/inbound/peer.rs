@@ -9,7 +9,7 @@ use super::prefixed::Prefixed;
 use crate::identity::{san, SpiffeId};
 
 /// The inbound TLS stream: the ClientHello bytes replayed, then the socket.
-pub type TlsStream = tokio_boring::SslStream<Prefixed<TcpStream>>;
+pub type TlsStream = crate::sockets::Tls<Prefixed<TcpStream>>;
 
 pub struct Peer {
     pub addr: SocketAddr,

@@ -30,6 +30,15 @@ impl<S> Prefixed<S> {
     }
 }
 
+impl<S: crate::sockets::ReadReady> crate::sockets::ReadReady for Prefixed<S> {
+    fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.prefix.has_remaining() {
+            return Poll::Ready(Ok(()));
+        }
+        self.inner.poll_read_ready(cx)
+    }
+}
+
 impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
     fn poll_read(
         self: Pin<&mut Self>,

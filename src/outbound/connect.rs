@@ -20,7 +20,7 @@ use crate::identity::tls::{alpn_wire, session_key_index, Client, ALPN_H2};
 use crate::identity::{IdentityStore, SpiffeId};
 use crate::metrics;
 
-pub type UpstreamTls = tokio_boring::SslStream<TcpStream>;
+pub type UpstreamTls = crate::sockets::Tls<TcpStream>;
 
 /// Why an upstream connection could not be used. Each variant says which step failed; the io
 /// error kind is kept where there is one.
@@ -145,7 +145,7 @@ pub async fn connect(
                 got: san::uri_sans(&der),
             });
         }
-        Ok(tls)
+        Ok(crate::sockets::Tls::new(tls))
     };
     match tokio::time::timeout(timeout, attempt).await {
         Ok(r) => r,
