@@ -226,6 +226,7 @@ impl Drop for PodNs {
         // Deleting one end of the veth removes the other; the namespace takes its rules along.
         let _ = run("ip", &["link", "del", &self.host_if]);
         let _ = run("ip", &["netns", "del", &self.name]);
+        let _ = std::fs::remove_dir_all(format!("/etc/netns/{}", self.name));
     }
 }
 
@@ -323,9 +324,20 @@ fn share(certs: &Certs) {
 /// The client pod's proxy, in the namespace, as uid 1337; outbound on the namespace's
 /// `127.0.0.1:15001`, admin on the pod's address (so the test reaches it over the veth).
 async fn client_proxy_in(ns: &PodNs, certs: &Certs, catalog: &str, egress: &str) -> Proxy {
+    client_proxy_with(ns, certs, catalog, egress, "").await
+}
+
+/// [`client_proxy_in`] whose config ends with `extra` (e.g. a `dns:` section).
+async fn client_proxy_with(
+    ns: &PodNs,
+    certs: &Certs,
+    catalog: &str,
+    egress: &str,
+    extra: &str,
+) -> Proxy {
     let pod = ns.pod_ip();
     let config = format!(
-        "trust_domain: {TD}\n{}inbound:\n  listen: {pod}:15008\noutbound:\n  listen: 127.0.0.1:15001\n  egress: {egress}\nadmin:\n  listen: {pod}:15000\n",
+        "trust_domain: {TD}\n{}inbound:\n  listen: {pod}:15008\noutbound:\n  listen: 127.0.0.1:15001\n  egress: {egress}\nadmin:\n  listen: {pod}:15000\n{extra}",
         certs.identity_yaml("frontend"),
     );
     let uid = format!("--reuid={PROXY_UID}");
@@ -647,4 +659,97 @@ async fn passthrough_egress_reaches_the_original_destination_as_the_proxy() {
     assert_eq!(line["bytes_received"], 4, "{line}");
     assert_eq!(line["bytes_sent"], 6 + 4, "{line}");
     assert!(line.get("error").is_none(), "{line}");
+}
+
+/// The whole pod as Kubernetes would run it: the pod's resolver points at a cluster DNS address
+/// that does not exist here, the rules send its queries to the sidecar's DNS listener, which
+/// answers the mesh name with the service's virtual address, and a curl by name (no
+/// `--resolve`, no proxy settings) reaches the app through both sidecars.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_system_resolver_and_a_curl_by_name_need_no_settings() {
+    need_tools!();
+    let ns = PodNs::new();
+    let certs = certs();
+    share(&certs);
+    let net = Net::fresh();
+    let server = net.pod(1);
+    let _web = HttpApp::auto(server.app(8080)).await;
+    let server_config = format!(
+        "trust_domain: {TD}\n{}inbound:\n  listen: {}:15008\n  app_host: {}\n  default_port: 8080\noutbound:\n  listen: {}\nadmin:\n  listen: {}\n",
+        certs.identity_yaml("payments"),
+        ns.server_ip(),
+        server.app_host(),
+        server.outbound(),
+        server.admin(),
+    );
+    let _server = Proxy::start(&server_config, "services: {}\n").await;
+
+    // What `ip netns exec` shows the pod as /etc/resolv.conf: a cluster DNS address (routed out
+    // of the pod, never answered) that only the capture rules make useful.
+    let etc = format!("/etc/netns/{}", ns.name);
+    std::fs::create_dir_all(&etc).unwrap();
+    std::fs::write(
+        format!("{etc}/resolv.conf"),
+        "nameserver 10.96.0.10\noptions timeout:2 attempts:1\n",
+    )
+    .unwrap();
+    let out = ns.redirect(&["--proxy-uid", "1337", "--dns-port", "15053", "--apply"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rules = ns.nat_rules();
+    assert_eq!(
+        rules
+            .lines()
+            .filter(|l| l.contains("--dport 53") && l.ends_with("--to-ports 15053"))
+            .count(),
+        2,
+        "UDP and TCP 53 go to the DNS listener:\n{rules}"
+    );
+
+    let catalog = catalog(&[service(
+        "payments",
+        &certs.spiffe_id(PAYMENTS),
+        "",
+        &[endpoint(IpAddr::V4(ns.server_ip()), &[8080])],
+    )]);
+    let client = client_proxy_with(
+        &ns,
+        &certs,
+        &catalog,
+        "deny",
+        "dns:\n  listen: 127.0.0.1:15053\n",
+    )
+    .await;
+
+    // The system resolver (glibc, as any app uses it) gets the virtual address.
+    let out = ns.exec(&["getent", "ahostsv4", SVC]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "getent {SVC}: {out:?}");
+    let vip = vip("payments");
+    assert!(text.starts_with(&format!("{vip} ")), "{text}");
+    // A mesh name that does not exist is NXDOMAIN at once (getent's exit 2: not found).
+    let started = std::time::Instant::now();
+    let out = ns.exec(&["getent", "ahostsv4", "nosuch.aether.internal"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(2));
+
+    // curl by name, nothing else: resolver, capture, both sidecars, the app.
+    let (status, body) = ns.curl(&[&format!("http://{SVC}:8080/by-name")]);
+    assert_eq!(status, "200", "{body}");
+    assert!(body.contains("/by-name"), "{body}");
+
+    let metrics = client.admin_get("/metrics").await.unwrap().text();
+    assert!(
+        metric(&metrics, "aether_dns_queries_total{result=\"mesh\"}") >= 1.0,
+        "{metrics}"
+    );
+    assert!(metric(&metrics, "aether_dns_queries_total{result=\"nxdomain\"}") >= 1.0);
+    let line = client
+        .wait_access_log(LOG_TIMEOUT, |v| v["path"] == "/by-name")
+        .await;
+    assert_eq!(line["status"], 200, "{line}");
+    assert_eq!(line["peer_identity"], certs.spiffe_id(PAYMENTS), "{line}");
 }
