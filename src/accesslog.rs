@@ -46,7 +46,8 @@ pub struct Entry<'a> {
 pub struct ConnEntry<'a> {
     pub time: String,
     pub direction: &'a str,
-    /// `tcp` (an inbound tcp chain), `connect`, `upgrade`.
+    /// `tcp` (an inbound tcp chain), `connect`, `upgrade`, `capture` (a captured connection
+    /// tunnelled to a service's tcp port), `egress` (a captured connection leaving the mesh).
     pub protocol: &'a str,
     pub authority: &'a str,
     pub upstream: Option<std::net::SocketAddr>,
@@ -54,6 +55,10 @@ pub struct ConnEntry<'a> {
     pub bytes_received: u64,
     pub bytes_sent: u64,
     pub end_reason: &'a str,
+    /// Why the proxy closed a captured connection itself (an `x-aether-error` reason, or
+    /// `egress-denied`); absent on every other line.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<&'a str>,
     pub peer_identity: Option<&'a str>,
     pub request_id: Option<&'a str>,
 }
@@ -67,6 +72,8 @@ pub struct ConnLog {
     pub upstream: Option<std::net::SocketAddr>,
     pub peer_identity: Option<SpiffeId>,
     pub request_id: Option<http::HeaderValue>,
+    /// See `ConnEntry::error`.
+    pub error: Option<&'static str>,
 }
 
 impl ConnLog {
@@ -79,6 +86,7 @@ impl ConnLog {
             upstream: None,
             peer_identity: None,
             request_id: None,
+            error: None,
         }
     }
 
@@ -96,6 +104,7 @@ impl ConnLog {
             bytes_received: s.received,
             bytes_sent: s.sent,
             end_reason: s.end.as_str(),
+            error: self.error,
             peer_identity: self.peer_identity.as_ref().map(SpiffeId::as_str),
             request_id: self.request_id.as_ref().and_then(|v| v.to_str().ok()),
         });

@@ -278,12 +278,36 @@ impl Default for InboundConfig {
 pub struct OutboundConfig {
     #[serde(default = "default_outbound_listen")]
     pub listen: SocketAddr,
+    /// What captured connections to destinations outside the mesh get (SPEC section 10).
+    #[serde(default)]
+    pub egress: Egress,
 }
 
 impl Default for OutboundConfig {
     fn default() -> Self {
         OutboundConfig {
             listen: default_outbound_listen(),
+            egress: Egress::default(),
+        }
+    }
+}
+
+/// `outbound.egress`: a captured connection whose original destination is no service's
+/// virtual address is closed without a byte (`deny`) or connected there as is
+/// (`passthrough`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Egress {
+    #[default]
+    Deny,
+    Passthrough,
+}
+
+impl Egress {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Egress::Deny => "deny",
+            Egress::Passthrough => "passthrough",
         }
     }
 }
@@ -952,6 +976,24 @@ mod tests {
         assert!(e.starts_with("cfg.yaml: dns.listen: "), "{e}");
         let e = one_error(&format!("{ID}dns: {{ipv6: maybe}}\n"));
         assert!(e.starts_with("cfg.yaml: dns.ipv6: "), "{e}");
+    }
+
+    #[test]
+    fn egress_is_deny_or_passthrough() {
+        let c = Config::parse(Path::new("cfg.yaml"), ID).unwrap();
+        assert_eq!(c.outbound.egress, Egress::Deny);
+        let c = Config::parse(
+            Path::new("cfg.yaml"),
+            &format!("{ID}outbound: {{egress: passthrough}}\n"),
+        )
+        .unwrap();
+        assert_eq!(c.outbound.egress, Egress::Passthrough);
+        assert_eq!(c.outbound.listen.to_string(), "127.0.0.1:15001");
+        let e = one_error(&format!("{ID}outbound: {{egress: allow}}\n"));
+        assert!(
+            e.starts_with("cfg.yaml: outbound.egress: unknown variant `allow`"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -6,10 +6,12 @@
 //! what the mesh knows (a store fed by sources); `identity` owns SPIFFE ids, certificates and
 //! TLS contexts; `http` is what both listeners share of HTTP; `admin`, `readiness`, `drain`,
 //! `metrics`, `accesslog` and `trace` are the operator's side. `validation` is how bad input is
-//! reported; `sockets` is what every TCP socket of the data path shares (keepalive, idle splicing).
+//! reported; `sockets` is what every TCP socket of the data path shares (keepalive, idle splicing);
+//! `capture` is transparent capture's netfilter rules and the original-destination read.
 
 pub mod accesslog;
 pub mod admin;
+pub mod capture;
 pub mod catalog;
 pub mod config;
 pub mod demo;

@@ -41,6 +41,29 @@ enum Cmd {
     },
     /// Run a complete local mesh on loopback (two server pods, a client pod, demo apps).
     Demo,
+    /// The pod's capture rules: print them as `iptables-restore` input, apply or remove them.
+    Redirect {
+        /// The proxy's uid; its own connections are never captured.
+        #[arg(long, required_unless_present = "clean")]
+        proxy_uid: Option<u32>,
+        #[arg(long, default_value_t = 15001, value_parser = clap::value_parser!(u16).range(1..))]
+        outbound_port: u16,
+        /// Send DNS (UDP and TCP port 53) to this port.
+        #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+        dns_port: Option<u16>,
+        /// Destination ports never captured, comma-separated.
+        #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u16).range(1..))]
+        exclude_outbound_ports: Vec<u16>,
+        /// Also write the IPv6 rules (ip6tables).
+        #[arg(long)]
+        ipv6: bool,
+        /// Install the rules (idempotent).
+        #[arg(long, conflicts_with = "clean")]
+        apply: bool,
+        /// Remove the rules (exit 0 when there are none).
+        #[arg(long)]
+        clean: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -57,5 +80,30 @@ fn main() -> ExitCode {
             workloads,
         } => aether_proxy::identity::certgen::main(&out, &trust_domain, &workloads),
         Cmd::Demo => aether_proxy::demo::main(),
+        Cmd::Redirect {
+            proxy_uid,
+            outbound_port,
+            dns_port,
+            mut exclude_outbound_ports,
+            ipv6,
+            apply,
+            clean,
+        } => {
+            use aether_proxy::capture::redirect::{self, Action, Rules};
+            exclude_outbound_ports.sort_unstable();
+            exclude_outbound_ports.dedup();
+            let rules = proxy_uid.map(|proxy_uid| Rules {
+                proxy_uid,
+                outbound_port,
+                dns_port,
+                exclude_ports: exclude_outbound_ports,
+            });
+            let action = match (apply, clean) {
+                (true, _) => Action::Apply,
+                (_, true) => Action::Clean,
+                _ => Action::Print,
+            };
+            redirect::main(rules, ipv6, action)
+        }
     }
 }

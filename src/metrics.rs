@@ -137,10 +137,20 @@ pub struct Metrics {
     pub dns_overloaded: Counter,
     /// Seconds until the earliest certificate of each kind expires; set at scrape time.
     pub certificate_expiry: Family<CertLabels, Gauge>,
+    /// Captured connections to destinations outside the mesh, by what `outbound.egress` did.
+    pub egress: Family<EgressLabels, Counter>,
+    /// Captured connections to a service's HTTP port whose first bytes were not HTTP (closed).
+    pub captured_not_http: Counter,
     /// Spans accepted by the OTLP collector.
     pub trace_spans_exported: Counter,
     /// Spans dropped: the export queue was full, or the collector failed or was unreachable.
     pub trace_spans_dropped: Counter,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EgressLabels {
+    /// `deny` or `passthrough` (`outbound.egress`).
+    pub action: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -228,6 +238,21 @@ impl Metrics {
             "Seconds until the earliest not-after of the workload chain or the trust bundle",
             certificate_expiry.clone(),
         );
+        let egress = Family::<EgressLabels, Counter>::default();
+        let captured_not_http = Counter::default();
+        registry.register(
+            "aether_egress",
+            "Captured connections to destinations outside the mesh, by action",
+            egress.clone(),
+        );
+        registry.register(
+            "aether_captured_not_http",
+            "Captured connections to a service's HTTP port closed because they did not speak HTTP",
+            captured_not_http.clone(),
+        );
+        for action in ["deny", "passthrough"] {
+            let _ = egress.get_or_create(&EgressLabels { action });
+        }
         registry.register(
             "aether_request_headers_dropped",
             "Request headers dropped for an underscore in their name",
@@ -357,6 +382,8 @@ impl Metrics {
             admin_refused,
             dns_queries,
             dns_overloaded,
+            egress,
+            captured_not_http,
             certificate_expiry,
             trace_spans_exported,
             trace_spans_dropped,

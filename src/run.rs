@@ -486,7 +486,10 @@ fn admin_views(
                         "port": p.port, "protocol": p.protocol.as_str(), "allow": p.allow,
                     })).collect::<Vec<_>>(),
                 },
-                "outbound": { "listen": cfg.outbound.listen.to_string() },
+                "outbound": {
+                    "listen": cfg.outbound.listen.to_string(),
+                    "egress": cfg.outbound.egress.as_str(),
+                },
                 "dns": cfg.dns.as_ref().map(|d| serde_json::json!({
                     "listen": d.listen.to_string(), "ipv6": d.ipv6,
                 })),
@@ -508,6 +511,8 @@ fn admin_views(
             "catalog": {
                 "version": catalog.version(),
                 "services": catalog.load().services.keys().collect::<Vec<_>>(),
+                // Where captured apps reach each service (SPEC section 10).
+                "virtual_ips": virtual_ips(&catalog),
             },
             "clusters": c.to_json()["clusters"].clone(),
             "xds": xds.as_ref().map(|x| serde_json::to_value(&*x.lock().unwrap_or_else(|e| e.into_inner())).unwrap_or_default()),
@@ -518,6 +523,15 @@ fn admin_views(
         ("/config_dump", dump),
         ("/certs", certs_view),
     ]
+}
+
+/// Each service's virtual address, for `/config_dump`.
+fn virtual_ips(catalog: &CatalogStore) -> serde_json::Map<String, serde_json::Value> {
+    let now = catalog.load();
+    now.services
+        .keys()
+        .filter_map(|n| Some((n.clone(), now.vips.v4(n)?.to_string().into())))
+        .collect()
 }
 
 async fn signals(drain: Drain) {

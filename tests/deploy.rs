@@ -161,6 +161,30 @@ fn the_pod_example_agrees_with_the_proxy() {
     );
     let outbound_port = flag(&init_args, "--outbound-port").map_or(15001, |p| p.parse().unwrap());
     assert_eq!(outbound_port, cfg.outbound.listen.port());
+    // DNS is captured to the proxy's DNS listener, on loopback.
+    let dns = cfg.dns.as_ref().expect("the example answers DNS");
+    assert!(dns.listen.ip().is_loopback());
+    assert_eq!(
+        flag(&init_args, "--dns-port"),
+        Some(dns.listen.port().to_string().as_str())
+    );
+    // The real binary takes the init container's arguments; without `--apply` it only prints
+    // the rules it would apply.
+    let printed = std::process::Command::new(common::BIN)
+        .args(init_args.iter().filter(|a| *a != "--apply"))
+        .output()
+        .unwrap();
+    let rules = String::from_utf8_lossy(&printed.stdout);
+    assert!(printed.status.success(), "{printed:?}");
+    assert!(rules.contains(&format!("! --uid-owner {uid} ")), "{rules}");
+    assert!(
+        rules.contains(&format!("--to-ports {outbound_port}\n")),
+        "{rules}"
+    );
+    assert!(
+        rules.contains(&format!("--to-ports {}\n", dns.listen.port())),
+        "{rules}"
+    );
     let caps = &init["securityContext"]["capabilities"]["add"];
     assert!(caps.as_array().unwrap().contains(&Value::from("NET_ADMIN")));
     let dockerfile = std::fs::read_to_string(repo("Dockerfile")).unwrap();

@@ -4,8 +4,10 @@
 //! listener (this file) -> `route` (authority -> service and port) -> `cluster` (the port's
 //! endpoints) -> `lb` (one endpoint) -> `pool` / `connect` (a pooled or new mTLS connection,
 //! SNI chosen and SAN pinned) -> `forward` (HTTP, with `retry`), `upgrade` (HTTP/1.1 upgrades)
-//! or `tunnel` (CONNECT, and the bytes of upgraded connections).
+//! or `tunnel` (CONNECT, and the bytes of upgraded connections). Connections the pod's rules
+//! redirected here (transparent capture) are sorted by their original destination in `capture`.
 
+pub mod capture;
 pub mod cluster;
 pub mod connect;
 pub mod forward;
@@ -29,7 +31,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::accesslog::{self, ConnLog, Decided, RequestLog};
 use crate::catalog::{CatalogStore, PortProtocol};
-use crate::config::{Config, Locality};
+use crate::config::{Config, Egress, Locality};
 use crate::drain::{accept_until_closing, Drain, Phase, Tracker};
 use crate::http::answer::{Body, Reason};
 use crate::http::body::{Activity, ReqBody, RespBody};
@@ -52,6 +54,8 @@ pub struct Outbound {
     pub drain: Drain,
     pub tracker: Tracker,
     max_connections: usize,
+    /// What captured connections to destinations outside the mesh get.
+    egress: Egress,
 }
 
 /// What one request did, for the access log and metrics.
@@ -101,6 +105,7 @@ impl Outbound {
             drain,
             tracker,
             max_connections: cfg.limits.max_connections_per_listener,
+            egress: cfg.outbound.egress,
         }
     }
 
@@ -109,8 +114,10 @@ impl Outbound {
         self.follow_catalog();
         let (drain, tracker) = (self.drain.clone(), self.tracker.clone());
         let max = self.max_connections;
+        // Only a listener whose address is known can tell captured connections apart.
+        let listen = listener.local_addr().ok();
         accept_until_closing("outbound", listener, max, &drain, &tracker, |tcp, addr| {
-            self.clone().connection(tcp, addr)
+            self.clone().connection(tcp, addr, listen)
         })
         .await;
     }
@@ -145,10 +152,59 @@ impl Outbound {
         });
     }
 
-    async fn connection(self: Arc<Self>, tcp: TcpStream, addr: SocketAddr) {
+    async fn connection(
+        self: Arc<Self>,
+        tcp: TcpStream,
+        addr: SocketAddr,
+        listen: Option<SocketAddr>,
+    ) {
         let _active = metrics::ActiveConnection::new("outbound");
         crate::sockets::tune(&tcp);
-        let src = addr.ip();
+        // One getsockopt tells an explicit client from a redirected one (SPEC section 10).
+        if let Some(dst) = listen.and_then(|l| capture::redirected(&tcp, l)) {
+            // Boxed: the rare path's future stays out of the explicit client's.
+            return Box::pin(self.captured(tcp, addr, dst)).await;
+        }
+        self.serve_http(tcp, addr, addr.ip(), 0).await;
+    }
+
+    /// A connection the pod's rules redirected here, sorted by its original destination `dst`
+    /// (SPEC section 10, see `capture`) before any client byte is awaited.
+    async fn captured(self: Arc<Self>, tcp: TcpStream, addr: SocketAddr, dst: SocketAddr) {
+        let name = self.catalog.load().vips.service_at(dst.ip()).cloned();
+        let Some(name) = name else {
+            return capture::egress(self.egress, &self.drain, tcp, dst).await;
+        };
+        let auth = route::MeshAuthority {
+            service: std::borrow::Cow::Borrowed(&name),
+            port: Some(dst.port()),
+        };
+        match self.cluster_for(&auth).await {
+            Ok((cluster, PortProtocol::Tcp)) => {
+                let (up, locality) = (&self.upstream, self.locality.as_ref());
+                capture::tunnel_to(up, locality, &cluster, &self.drain, tcp).await
+            }
+            // Not a tcp port (or not one the service has): HTTP, routed by Host.
+            Ok((_, PortProtocol::Http)) | Err(Reason::PortNotExposed) => {
+                if capture::speaks_http(&tcp, addr).await {
+                    let src = capture::CAPTURED_SOURCE;
+                    self.serve_http(tcp, addr, src, dst.port()).await;
+                }
+            }
+            Err(r) => capture::unresolved(&name, &self.mesh_domain, dst.port(), r),
+        }
+    }
+
+    /// Serves HTTP/1.1, h2c and CONNECT on a downstream connection. `src` picks the client
+    /// identity; `captured_port` is a captured connection's original destination port (0 for
+    /// explicit clients), which a portless Host takes when the service exposes it.
+    async fn serve_http(
+        self: Arc<Self>,
+        tcp: TcpStream,
+        addr: SocketAddr,
+        src: IpAddr,
+        captured_port: u16,
+    ) {
         let drain = self.drain.clone();
         let requests = Arc::new(ConnRequests::default());
         let svc = {
@@ -157,7 +213,7 @@ impl Outbound {
             service_fn(move |req| {
                 let open = requests.start();
                 let this = this.clone();
-                async move { Ok::<_, Infallible>(this.request(req, src, open).await) }
+                async move { Ok::<_, Infallible>(this.request(req, src, captured_port, open).await) }
             })
         };
         let io = TokioIo::new(Timed::new(tcp, requests.clone(), "outbound", Wire::Sniff));
@@ -176,6 +232,7 @@ impl Outbound {
         self: &Arc<Self>,
         mut req: Request<Incoming>,
         src: IpAddr,
+        captured_port: u16,
         open: RequestOpen,
     ) -> Response<RespBody> {
         // Limits apply to what the app sent, before this proxy adds or removes anything.
@@ -210,7 +267,8 @@ impl Outbound {
         let mut out = if oversized {
             Outcome::error(Reason::HeadersTooLarge)
         } else {
-            self.route(req, &log.authority, src, &mut open).await
+            self.route(req, &log.authority, src, captured_port, &mut open)
+                .await
         };
         if wants_trailers {
             headers::declare_grpc_trailers(out.resp.headers_mut());
@@ -244,12 +302,16 @@ impl Outbound {
         req: Request<ReqBody>,
         authority: &str,
         src: IpAddr,
+        captured_port: u16,
         open: &mut Option<RequestOpen>,
     ) -> Outcome {
-        let auth = match route::parse_authority(authority, &self.mesh_domain) {
+        let mut auth = match route::parse_authority(authority, &self.mesh_domain) {
             Ok(a) => a,
             Err(r) => return Outcome::error(r),
         };
+        if captured_port != 0 && auth.port.is_none() {
+            self.port_from_destination(&mut auth, captured_port);
+        }
         let (cluster, protocol) = match self.cluster_for(&auth).await {
             Ok(v) => v,
             Err(r) => {
@@ -297,6 +359,18 @@ impl Outbound {
             out.peer = Some(cluster.service.identity.clone());
         }
         out
+    }
+
+    /// A captured request with a portless Host goes to the port the app dialled when the
+    /// service exposes it (SPEC section 10), else to the default port as usual.
+    #[cold]
+    fn port_from_destination(&self, auth: &mut route::MeshAuthority<'_>, port: u16) {
+        let catalog = self.catalog.load();
+        if let Some(service) = catalog.services.get(auth.service.as_ref()) {
+            if service.exposes(port) {
+                auth.port = Some(port);
+            }
+        }
     }
 
     /// The cluster an authority routes to. A catalog that discovers on demand is asked for

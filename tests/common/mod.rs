@@ -33,8 +33,9 @@
 //!   same CA.
 //! * `proxy`: [`Proxy`], `aether-proxy run` in a temp dir; waits for `/readyz` 200; stdout (the
 //!   access log) and stderr captured to files; killed on drop; signals and exit status for
-//!   drain tests; its resident memory (`Proxy::rss_kib`); `ProxyBuilder::netns` runs it
-//!   inside a network namespace (`ip netns exec`).
+//!   drain tests; its resident memory (`Proxy::rss_kib`); `ProxyBuilder::wrap` runs it through a
+//!   command such as `ip netns exec <ns> setpriv ...` (another namespace, another uid), and
+//!   `ProxyBuilder::netns` inside a network namespace (`ip netns exec`).
 //! * `apps`: [`HttpApp`] (HTTP/1.1, h2c or both) and [`TcpEcho`], apps that record what they
 //!   saw.
 //! * `tls`: [`TlsClient`], a BoringSSL client with chosen cert, SNI, ALPN; [`TlsFailure`] keeps

@@ -41,7 +41,7 @@ pub struct ProxyBuilder {
     args: Vec<String>,
     wait_ready: bool,
     stdout_stuck: bool,
-    netns: Option<String>,
+    wrapper: Vec<String>,
 }
 
 impl ProxyBuilder {
@@ -65,8 +65,15 @@ impl ProxyBuilder {
     /// `/etc/netns/<ns>/resolv.conf` as `/etc/resolv.conf`). Its admin listener is then out of
     /// the test's reach: the proxy is not waited for (the test checks readiness itself).
     pub fn netns(mut self, ns: &str) -> Self {
-        self.netns = Some(ns.into());
+        self.wrapper = vec!["ip".into(), "netns".into(), "exec".into(), ns.into()];
         self.wait_ready = false;
+        self
+    }
+    /// Runs the binary through `prefix` (e.g. `ip netns exec <ns> setpriv --reuid=...`), which
+    /// must exec it in place (so the child's pid is the proxy's). The temp dir is made readable
+    /// by every uid, since a wrapped proxy may run as another.
+    pub fn wrap(mut self, prefix: &[&str]) -> Self {
+        self.wrapper = prefix.iter().map(|s| s.to_string()).collect();
         self
     }
     /// Do not wait for `/readyz` 200 (readiness tests wait themselves).
@@ -125,11 +132,14 @@ impl ProxyBuilder {
             (f.into(), None)
         };
         let stderr = fs::File::create(dir.path().join("stderr.log")).expect("stderr.log");
-        let mut cmd = match &self.netns {
+        let mut cmd = match self.wrapper.split_first() {
             None => Command::new(BIN),
-            Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns, BIN]);
+            Some((first, rest)) => {
+                use std::os::unix::fs::PermissionsExt;
+                fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755))
+                    .expect("chmod the proxy's temp dir");
+                let mut c = Command::new(first);
+                c.args(rest).arg(BIN);
                 c
             }
         };
@@ -177,7 +187,7 @@ impl Proxy {
             args: Vec::new(),
             wait_ready: true,
             stdout_stuck: false,
-            netns: None,
+            wrapper: Vec::new(),
         }
     }
 
