@@ -4,16 +4,22 @@
 mod common;
 use common::*;
 
+/// A payments pod's certificates and config (default port 8080), `extra` appended.
+fn payments_pod(pod: &PodNet, extra: &str) -> (Certs, String) {
+    let certs = Certs::new("aether.local", &["default/payments"]);
+    let config = format!(
+        "{}{}{extra}",
+        certs.identity_yaml("payments"),
+        pod.listeners_yaml(8080, &[])
+    );
+    (certs, config)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_endpoints_answer_per_spec() {
     let net = Net::fresh();
     let pod = net.pod(0);
-    let certs = Certs::new("aether.local", &["default/payments"]);
-    let config = format!(
-        "{}{}",
-        certs.identity_yaml("payments"),
-        pod.listeners_yaml(8080, &[])
-    );
+    let (_certs, config) = payments_pod(&pod, "");
     // An endpoint where nothing listens: the catalog is loaded, nothing is ever sent there.
     let idle = net.pod(1).proxy_ip();
     let catalog = format!("services:\n  payments:\n    default_port: 8080\n    identity: spiffe://aether.local/ns/default/sa/payments\n    endpoints: [{{ address: {idle} }}]\n");
@@ -141,12 +147,7 @@ print(json.dumps(out))
 async fn metrics_are_classic_text_unless_the_scraper_asks_for_openmetrics() {
     let net = Net::fresh();
     let pod = net.pod(0);
-    let certs = Certs::new("aether.local", &["default/payments"]);
-    let config = format!(
-        "{}{}",
-        certs.identity_yaml("payments"),
-        pod.listeners_yaml(8080, &[])
-    );
+    let (_certs, config) = payments_pod(&pod, "");
     let proxy = Proxy::start(&config, "services: {}\n").await;
     // A request, so request counters and the duration histogram have samples.
     let mut h1 = HttpClient::h1(tcp_connect(pod.outbound()).await.unwrap())
@@ -221,14 +222,11 @@ async fn metrics_are_classic_text_unless_the_scraper_asks_for_openmetrics() {
 async fn the_health_listener_serves_only_the_probes() {
     let net = Net::fresh();
     let pod = net.pod(0);
-    let certs = Certs::new("aether.local", &["default/payments"]);
     let health = std::net::SocketAddr::new(pod.proxy_ip(), 15021);
     // Port 8080's app is never started: readiness gated on it stays "not ready".
-    let config = format!(
-        "{}{}health: {{ listen: {health} }}\nreadiness: {{ required_listeners: [8080] }}\n",
-        certs.identity_yaml("payments"),
-        pod.listeners_yaml(8080, &[])
-    );
+    let extra =
+        format!("health: {{ listen: {health} }}\nreadiness: {{ required_listeners: [8080] }}\n");
+    let (_certs, config) = payments_pod(&pod, &extra);
     let proxy = Proxy::builder(&config, "services: {}\n")
         .no_wait()
         .start()
