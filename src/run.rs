@@ -179,6 +179,16 @@ async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, Start
     sock.listen(1024).map_err(err("cannot listen"))
 }
 
+/// With `dns.ipv6`, the pod's ip6tables rules redirect IPv6 connections to `[::1]` on the
+/// outbound port (REDIRECT of locally made traffic goes to loopback), so the outbound side
+/// listens there too, unless its configured address is IPv6 already.
+fn ipv6_outbound(cfg: &Config) -> Option<SocketAddr> {
+    let ipv6 = cfg.dns.as_ref().is_some_and(|d| d.ipv6);
+    let listen = cfg.outbound.listen;
+    (ipv6 && listen.is_ipv4())
+        .then(|| SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, listen.port())))
+}
+
 /// The DNS listener's two sockets, on one address.
 async fn bind_dns(addr: SocketAddr) -> Result<(tokio::net::UdpSocket, TcpListener), StartError> {
     let udp = tokio::net::UdpSocket::bind(addr)
@@ -315,10 +325,13 @@ async fn start(
         })
     });
     let inbound_listener = bind("inbound", cfg.inbound.listen).await?;
-    let outbound_listener = bind("outbound", cfg.outbound.listen).await?;
+    let mut outbound_listeners = vec![bind("outbound", cfg.outbound.listen).await?];
+    if let Some(v6) = ipv6_outbound(&cfg) {
+        outbound_listeners.push(bind("outbound", v6).await?);
+    }
     let mut listeners = vec![
         tokio::spawn(inbound.serve(inbound_listener)),
-        tokio::spawn(outbound.serve(outbound_listener)),
+        tokio::spawn(outbound.serve(outbound_listeners)),
     ];
     if let Some(d) = &cfg.dns {
         let (udp, tcp) = bind_dns(d.listen).await?;
@@ -488,6 +501,7 @@ fn admin_views(
                 },
                 "outbound": {
                     "listen": cfg.outbound.listen.to_string(),
+                    "listen_ipv6": ipv6_outbound(&cfg).map(|a| a.to_string()),
                     "egress": cfg.outbound.egress.as_str(),
                 },
                 "dns": cfg.dns.as_ref().map(|d| serde_json::json!({

@@ -11,7 +11,7 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -146,6 +146,53 @@ impl PodNs {
     /// A host outside the mesh, in the root namespace.
     fn outside_ip(&self) -> Ipv4Addr {
         self.ip(3)
+    }
+
+    /// IPv6 on the pod's link: `fd00:ae:t:b::1` inside, `::2` outside, the default route over
+    /// it (a connect to a service's `2001:2::/48` address needs a route before the rules see it).
+    fn enable_ipv6(&self) {
+        let (pod, host) = (self.ip6(1), self.ip6(2));
+        run_ok(
+            "ip",
+            &[
+                "addr",
+                "add",
+                &format!("{host}/64"),
+                "dev",
+                &self.host_if,
+                "nodad",
+            ],
+        );
+        let pod = format!("{pod}/64");
+        run_ok(
+            "ip",
+            &[
+                "-n", &self.name, "addr", "add", &pod, "dev", "eth0", "nodad",
+            ],
+        );
+        let via = host.to_string();
+        run_ok(
+            "ip",
+            &[
+                "-n", &self.name, "-6", "route", "add", "default", "via", &via,
+            ],
+        );
+    }
+
+    fn ip6(&self, host: u16) -> Ipv6Addr {
+        Ipv6Addr::new(0xfd00, 0xae, self.t.into(), self.b.into(), 0, 0, 0, host)
+    }
+
+    /// What `ip netns exec` shows the pod as /etc/resolv.conf: a cluster DNS address (routed
+    /// out of the pod, never answered) that only the capture rules make useful.
+    fn cluster_resolv_conf(&self) {
+        let etc = format!("/etc/netns/{}", self.name);
+        std::fs::create_dir_all(&etc).unwrap();
+        std::fs::write(
+            format!("{etc}/resolv.conf"),
+            "nameserver 10.96.0.10\noptions timeout:2 attempts:1\n",
+        )
+        .unwrap();
     }
 
     /// Runs a command inside the namespace (as root).
@@ -684,15 +731,7 @@ async fn the_system_resolver_and_a_curl_by_name_need_no_settings() {
     );
     let _server = Proxy::start(&server_config, "services: {}\n").await;
 
-    // What `ip netns exec` shows the pod as /etc/resolv.conf: a cluster DNS address (routed out
-    // of the pod, never answered) that only the capture rules make useful.
-    let etc = format!("/etc/netns/{}", ns.name);
-    std::fs::create_dir_all(&etc).unwrap();
-    std::fs::write(
-        format!("{etc}/resolv.conf"),
-        "nameserver 10.96.0.10\noptions timeout:2 attempts:1\n",
-    )
-    .unwrap();
+    ns.cluster_resolv_conf();
     let out = ns.redirect(&["--proxy-uid", "1337", "--dns-port", "15053", "--apply"]);
     assert!(
         out.status.success(),
@@ -752,4 +791,185 @@ async fn the_system_resolver_and_a_curl_by_name_need_no_settings() {
         .await;
     assert_eq!(line["status"], 200, "{line}");
     assert_eq!(line["peer_identity"], certs.spiffe_id(PAYMENTS), "{line}");
+}
+
+/// A gRPC client from the gRPC project's own library (grpcio, Python), run in the pod as an
+/// app would run it: a channel to `payments.aether.internal:9090` with default settings, no
+/// proxy settings. Prints one JSON object: a unary reply, a server stream, a refused call.
+const GRPC_APP: &str = r#"
+import json, grpc
+
+def field(buf, want):
+    # The replies' fields: 1, 3 and 4 are strings, 2 a varint (EchoReply in common::mesh::grpc).
+    i, out = 0, {}
+    while i < len(buf):
+        key = buf[i]; i += 1
+        if key & 7 == 0:
+            v = 0; s = 0
+            while True:
+                b = buf[i]; i += 1; v |= (b & 0x7f) << s; s += 7
+                if b < 0x80: break
+            out[key >> 3] = v
+        else:
+            n = buf[i]; i += 1
+            if n & 0x80: n = (n & 0x7f) | (buf[i] << 7); i += 1
+            out[key >> 3] = buf[i:i + n].decode(); i += n
+    return out.get(want, "")
+
+def request(message, count=0):
+    raw = message.encode()
+    return b"\x0a" + bytes([len(raw)]) + raw + (b"\x10" + bytes([count]) if count else b"")
+
+channel = grpc.insecure_channel("payments.aether.internal:9090")
+unary = channel.unary_unary("/aether.test.Echo/Unary")
+stream = channel.unary_stream("/aether.test.Echo/Stream")
+reply, call = unary.with_call(request("hello"), timeout=10)
+replies = [field(r, 1) for r in stream(request("tick", 3), timeout=10)]
+try:
+    unary(request("decline"), timeout=10)
+    refused = None
+except grpc.RpcError as e:
+    refused = [e.code().name, e.details()]
+print(json.dumps({
+    "message": field(reply, 1), "xfcc": field(reply, 3), "served_by": field(reply, 4),
+    "served_by_header": dict(call.initial_metadata()).get("x-served-by"),
+    "stream": replies, "refused": refused,
+}))
+"#;
+
+/// IPv6 and a real gRPC library, both by name: the pod's rules for both families (`--ipv6`), the
+/// DNS listener answering AAAA (`dns.ipv6`), and the outbound side listening on `[::1]` where
+/// ip6tables sends captured IPv6. Clients: getent, curl forced to IPv6, a plain TCP client to
+/// the service's IPv6 address on its tcp port, and a grpcio channel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipv6_clients_and_a_grpc_channel_by_name_are_captured() {
+    need_tools!();
+    let ns = PodNs::new();
+    ns.enable_ipv6();
+    ns.cluster_resolv_conf();
+    let certs = certs();
+    share(&certs);
+    let net = Net::fresh();
+    let server = net.pod(1);
+    let _web = HttpApp::auto(server.app(8080)).await;
+    let grpc_app = grpc::GrpcServer::start(server.app(9090), "payments-grpc").await;
+    let _db = banner_app(server.app(5432), "HELLO v6\n").await;
+    let server_config = format!(
+        "trust_domain: {TD}\n{}inbound:\n  listen: {}:15008\n  app_host: {}\n  default_port: 8080\n  ports:\n    - {{port: 8080, protocol: auto}}\n    - {{port: 9090, protocol: h2}}\n    - {{port: 5432, protocol: tcp}}\noutbound:\n  listen: {}\nadmin:\n  listen: {}\n",
+        certs.identity_yaml("payments"),
+        ns.server_ip(),
+        server.app_host(),
+        server.outbound(),
+        server.admin(),
+    );
+    let _server = Proxy::start(&server_config, "services: {}\n").await;
+
+    let out = ns.redirect(&[
+        "--proxy-uid",
+        "1337",
+        "--dns-port",
+        "15053",
+        "--ipv6",
+        "--apply",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = ns.exec(&["ip6tables-save", "-t", "nat"]);
+    let rules6 = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        rules6.contains("-m owner ! --uid-owner 1337 -j AETHER_REDIRECT"),
+        "{rules6}"
+    );
+    assert!(rules6.contains("-d ::1/128 -j RETURN"), "{rules6}");
+    assert!(rules6.contains("--to-ports 15001"), "{rules6}");
+
+    let catalog = catalog(&[service(
+        "payments",
+        &certs.spiffe_id(PAYMENTS),
+        "    protocols: { 5432: tcp }\n",
+        &[endpoint(IpAddr::V4(ns.server_ip()), &[8080, 9090, 5432])],
+    )]);
+    let client = client_proxy_with(
+        &ns,
+        &certs,
+        &catalog,
+        "deny",
+        "dns:\n  listen: 127.0.0.1:15053\n  ipv6: true\n",
+    )
+    .await;
+    let dump = client.admin_get("/config_dump").await.unwrap().json();
+    assert_eq!(dump["config"]["outbound"]["listen_ipv6"], "[::1]:15001");
+    let vip6 = aether_proxy::catalog::vip::VirtualIps::build(["payments"])
+        .v6("payments")
+        .unwrap();
+    assert_eq!(vip6.segments()[..3], [0x2001, 2, 0]);
+
+    // The system resolver gets the IPv6 virtual address.
+    let out = ns.exec(&["getent", "ahostsv6", SVC]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "getent ahostsv6 {SVC}: {out:?}");
+    assert!(text.starts_with(&format!("{vip6} ")), "{text}");
+
+    // curl by name over IPv6 only: AAAA, ip6tables, the [::1] listener, both sidecars.
+    let (status, body) = ns.curl(&["-6", &format!("http://{SVC}:8080/over-v6")]);
+    assert_eq!(status, "200", "{body}");
+    assert!(body.contains("/over-v6"), "{body}");
+    let line = client
+        .wait_access_log(LOG_TIMEOUT, |v| v["path"] == "/over-v6")
+        .await;
+    assert_eq!(line["status"], 200, "{line}");
+    assert_eq!(line["peer_identity"], certs.spiffe_id(PAYMENTS), "{line}");
+
+    // Raw TCP to the IPv6 address of the tcp port: the banner first, then the echo.
+    let dst = SocketAddr::new(IpAddr::V6(vip6), 5432);
+    let (first, echo) = ns
+        .within(move || tcp_exchange(dst, b"ping6"))
+        .await
+        .unwrap();
+    assert_eq!(first, b"HELLO v6\n");
+    assert_eq!(echo, b"ping6");
+
+    // A grpcio channel by name: unary, server streaming and a refused call with its status.
+    let out = ns.exec(&[
+        "env",
+        "-u",
+        "http_proxy",
+        "-u",
+        "https_proxy",
+        "-u",
+        "grpc_proxy",
+        "python3",
+        "-c",
+        GRPC_APP,
+    ]);
+    assert!(
+        out.status.success(),
+        "the grpcio client failed (python3 -m pip install grpcio): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(got["message"], "hello", "{got}");
+    assert_eq!(got["served_by"], "payments-grpc", "{got}");
+    assert_eq!(got["served_by_header"], "payments-grpc", "{got}");
+    assert!(
+        got["xfcc"]
+            .as_str()
+            .unwrap()
+            .contains(&certs.spiffe_id(FRONTEND)),
+        "the app saw the client pod's identity: {got}"
+    );
+    assert_eq!(
+        got["stream"],
+        serde_json::json!(["tick#0", "tick#1", "tick#2"]),
+        "{got}"
+    );
+    assert_eq!(
+        got["refused"],
+        serde_json::json!(["FAILED_PRECONDITION", "card declined: insufficient funds"]),
+        "{got}"
+    );
+    assert_eq!(grpc_app.calls.load(Ordering::SeqCst), 3);
 }

@@ -109,17 +109,26 @@ impl Outbound {
         }
     }
 
-    pub async fn serve(self: Arc<Self>, listener: TcpListener) {
+    /// Serves every outbound listener (the configured one, and `[::1]` on the same port when
+    /// `dns.ipv6` captures IPv6 too), each with its own connection cap.
+    pub async fn serve(self: Arc<Self>, listeners: Vec<TcpListener>) {
         self.upstream.pool.spawn_sweeper();
         self.follow_catalog();
         let (drain, tracker) = (self.drain.clone(), self.tracker.clone());
         let max = self.max_connections;
-        // Only a listener whose address is known can tell captured connections apart.
-        let listen = listener.local_addr().ok();
-        accept_until_closing("outbound", listener, max, &drain, &tracker, |tcp, addr| {
-            self.clone().connection(tcp, addr, listen)
-        })
-        .await;
+        let loops = listeners.into_iter().map(|listener| {
+            // Only a listener whose address is known can tell captured connections apart.
+            let listen = listener.local_addr().ok();
+            let this = self.clone();
+            let (drain, tracker) = (drain.clone(), tracker.clone());
+            async move {
+                accept_until_closing("outbound", listener, max, &drain, &tracker, |tcp, addr| {
+                    this.clone().connection(tcp, addr, listen)
+                })
+                .await
+            }
+        });
+        futures_util::future::join_all(loops).await;
     }
 
     /// On each new catalog: pooled connections to endpoints (or ports) that left, or whose
