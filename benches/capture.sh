@@ -4,6 +4,9 @@
 # veth's far end, and wrk inside the namespace, once to the service's virtual address (captured)
 # and once to 127.0.0.1:15001 with the mesh Host (explicit). Prints req/s and the client sidecar's
 # CPU microseconds per request, for keep-alive connections and for a new connection per request.
+# Then captured raw TCP: 1 GiB (BULK_MIB) from a plain client in the pod to the service's
+# virtual address on a tcp port, through both sidecars, to a sink app; prints MiB/s and each
+# sidecar's CPU seconds per GiB.
 #
 #   sudo benches/capture.sh [seconds] [rounds]    (default 10 s, 3 rounds; needs root, ip,
 #                                                  iptables, setpriv, wrk, python3)
@@ -54,9 +57,32 @@ class H(http.server.BaseHTTPRequestHandler):
 http.server.ThreadingHTTPServer(("127.0.0.1", 18080), H).serve_forever()
 PY
 python3 "$work/app.py" & pids+=($!)
+# A tcp app that counts what it received and answers the count when the client is done.
+cat >"$work/sink.py" <<'PY'
+import socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 15432))
+s.listen(8)
+while True:
+    c, _ = s.accept()
+    buf, n = bytearray(1 << 20), 0
+    while True:
+        k = c.recv_into(buf)
+        if not k:
+            break
+        n += k
+    c.sendall(str(n).encode())
+    c.close()
+PY
+python3 "$work/sink.py" & pids+=($!)
 cat >"$work/payments.yaml" <<EOF
 identity: { cert: $work/payments.crt, key: $work/payments.key, ca: $work/ca.crt }
-inbound: { listen: 10.250.254.2:15008, app_host: 127.0.0.1, default_port: 18080 }
+inbound:
+  listen: 10.250.254.2:15008
+  app_host: 127.0.0.1
+  default_port: 18080
+  ports: [{ port: 18080, protocol: auto }, { port: 15432, protocol: tcp }]
 outbound: { listen: 127.0.0.1:25001 }
 admin: { listen: 127.0.0.1:25000 }
 catalog: { path: $work/empty.yaml }
@@ -67,8 +93,9 @@ services:
   payments:
     default_port: 18080
     identity: spiffe://aether.local/ns/default/sa/payments
+    protocols: { 15432: tcp }
     endpoints:
-      - { address: 10.250.254.2, ports: [18080] }
+      - { address: 10.250.254.2, ports: [18080, 15432] }
 EOF
 cat >"$work/frontend.yaml" <<EOF
 identity: { cert: $work/frontend.crt, key: $work/frontend.key, ca: $work/ca.crt }
@@ -79,6 +106,7 @@ catalog: { path: $work/catalog.yaml }
 EOF
 chmod -R a+rX "$work"
 "$work/aether-proxy" run --config "$work/payments.yaml" --concurrency 1 >/dev/null 2>&1 & pids+=($!)
+server=$!
 ip netns exec "$ns" "$work/aether-proxy" redirect --proxy-uid 1337 --apply
 ip netns exec "$ns" setpriv --reuid=1337 --regid=1337 --clear-groups \
   "$work/aether-proxy" run --config "$work/frontend.yaml" --concurrency 1 >/dev/null 2>&1 & pids+=($!)
@@ -106,4 +134,28 @@ for _ in $(seq "$rounds"); do
   measure "captured keep-alive" "http://$vip:18080/"
   measure "explicit new conn per request" "http://127.0.0.1:15001/" -H 'Connection: close'
   measure "captured new conn per request" "http://$vip:18080/" -H 'Connection: close'
+done
+
+# Captured raw TCP: the pod's client dials the virtual address on the tcp port.
+cat >"$work/send.py" <<'PY'
+import socket, sys, time
+dst, mib = (sys.argv[1], 15432), int(sys.argv[2])
+chunk = b"\xab" * (1 << 20)
+c = socket.create_connection(dst)
+t0 = time.monotonic()
+for _ in range(mib):
+    c.sendall(chunk)
+c.shutdown(socket.SHUT_WR)
+got = int(c.recv(64) or b"0")
+t = time.monotonic() - t0
+assert got == mib << 20, f"sink received {got} bytes of {mib << 20}"
+print(f"{mib / t:.0f}")
+PY
+bulk=${BULK_MIB:-1024}
+for _ in $(seq "$rounds"); do
+  c0=$(ticks "$client"); s0=$(ticks "$server")
+  rate=$(ip netns exec "$ns" python3 "$work/send.py" "$vip" "$bulk")
+  c1=$(ticks "$client"); s1=$(ticks "$server")
+  awk -v r="$rate" -v c=$((c1 - c0)) -v s=$((s1 - s0)) -v hz="$hz" -v m="$bulk" \
+    'BEGIN{ printf "%-34s %9s MiB/s  client %.2f s/GiB  server %.2f s/GiB\n", "captured tcp, " m " MiB", r, c/hz*1024/m, s/hz*1024/m }'
 done

@@ -156,6 +156,11 @@ impl Spliced {
     }
 }
 
+/// Each direction's copy buffer: one read fills a whole TLS record (16 KiB of plaintext), so a
+/// TLS side writes full records, one syscall each. Tokio's default (8 KiB) made two records of
+/// every 16 KiB, doubling the per-record sealing and the syscalls.
+pub const SPLICE_BUFFER: usize = 16 * 1024;
+
 /// Copies bytes both ways until both sides are done (half-close respected: each write side is
 /// shut down when the other side's read ends), an error, `idle` without a byte either way
 /// (counted for `listener`), or the end of the drain (`Phase::Cut`).
@@ -182,7 +187,8 @@ where
         read: 0,
     };
     let end = {
-        let copy = tokio::io::copy_bidirectional(&mut a, &mut b);
+        let copy =
+            tokio::io::copy_bidirectional_with_sizes(&mut a, &mut b, SPLICE_BUFFER, SPLICE_BUFFER);
         tokio::pin!(copy);
         let cut = Drain::reached(drain.watch(), Phase::Cut);
         tokio::pin!(cut);
