@@ -9,7 +9,7 @@
 # sidecar's CPU seconds per GiB.
 #
 #   sudo benches/capture.sh [seconds] [rounds]    (default 10 s, 3 rounds; needs root, ip,
-#                                                  iptables, setpriv, wrk, python3)
+#                                                  iptables, setpriv, wrk, nginx, python3)
 # AETHER_BIN picks the binary (default target/release/aether-proxy, built if missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +17,7 @@ secs=${1:-10}
 rounds=${2:-3}
 bin=${AETHER_BIN:-target/release/aether-proxy}
 [ -x "$bin" ] || cargo build --release --quiet
-for t in ip iptables-restore setpriv wrk python3; do
+for t in ip iptables-restore setpriv wrk nginx python3; do
   command -v "$t" >/dev/null || { echo "needs $t" >&2; exit 1; }
 done
 
@@ -33,7 +33,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-cp "$bin" certs/ca.crt certs/frontend.crt certs/frontend.key certs/payments.crt certs/payments.key "$work/"
+cp "$bin" "$work/aether-proxy"
+cp certs/ca.crt certs/frontend.crt certs/frontend.key certs/payments.crt certs/payments.key "$work/"
 ip netns add "$ns"
 ip link add "$host_if" type veth peer name eth0 netns "$ns"
 ip addr add 10.250.254.2/28 dev "$host_if" && ip link set "$host_if" up
@@ -41,22 +42,15 @@ ip -n "$ns" addr add 10.250.254.1/28 dev eth0
 ip -n "$ns" link set lo up && ip -n "$ns" link set eth0 up
 ip -n "$ns" route add default via 10.250.254.2
 
-# The payments pod: a small fixed answer on 127.0.0.1:18080 behind its sidecar.
-cat >"$work/app.py" <<'PY'
-import http.server
-class H(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def do_GET(self):
-        body = b"x" * 64
-        self.send_response(200)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a):
-        pass
-http.server.ThreadingHTTPServer(("127.0.0.1", 18080), H).serve_forever()
-PY
-python3 "$work/app.py" & pids+=($!)
+# The payments pod: a small fixed answer on 127.0.0.1:18080 behind its sidecar (nginx, so the
+# app is never what limits the rate; Python's http.server stalls on delayed ACKs).
+cat >"$work/nginx.conf" <<EOF
+worker_processes 1; daemon off; pid $work/nginx.pid; error_log $work/nginx.err;
+events { worker_connections 1024; }
+http { access_log off; server { listen 127.0.0.1:18080; keepalive_requests 1000000;
+  location / { return 200 "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"; } } }
+EOF
+nginx -c "$work/nginx.conf" & pids+=($!)
 # A tcp app that counts what it received and answers the count when the client is done.
 cat >"$work/sink.py" <<'PY'
 import socket
