@@ -202,10 +202,16 @@ impl PodNs {
         run("ip", &all)
     }
 
-    fn redirect(&self, args: &[&str]) -> Output {
+    /// `aether-proxy redirect ARGS` in the namespace; it must succeed.
+    fn redirect(&self, args: &[&str]) {
         let mut all = vec![common::BIN, "redirect"];
         all.extend_from_slice(args);
-        self.exec(&all)
+        let out = self.exec(&all);
+        assert!(
+            out.status.success(),
+            "redirect {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     fn nat_rules(&self) -> String {
@@ -404,6 +410,34 @@ async fn client_proxy_with(
         .await
 }
 
+/// The server pod's `inbound.ports` in the tests that reach its h2 and tcp ports.
+const SERVED_PORTS: &str = "  ports:\n    - {port: 8080, protocol: auto}\n    - {port: 9090, protocol: h2}\n    - {port: 5432, protocol: tcp}\n";
+
+/// The client pod's catalog for [`server_pod`] with [`SERVED_PORTS`]: `payments` on the veth's
+/// far address, 5432 marked tcp.
+fn payments_catalog(ns: &PodNs, certs: &Certs) -> String {
+    catalog(&[service(
+        "payments",
+        &certs.spiffe_id(PAYMENTS),
+        "    protocols: { 5432: tcp }\n",
+        &[endpoint(IpAddr::V4(ns.server_ip()), &[8080, 9090, 5432])],
+    )])
+}
+
+/// The server pod's proxy, in the root namespace on the veth's far address, apps on `server`;
+/// `ports` is its `inbound.ports` section (empty: every port is auto).
+async fn server_pod(ns: &PodNs, certs: &Certs, server: &PodNet, ports: &str) -> Proxy {
+    let config = format!(
+        "trust_domain: {TD}\n{}inbound:\n  listen: {}:15008\n  app_host: {}\n  default_port: 8080\n{ports}outbound:\n  listen: {}\nadmin:\n  listen: {}\n",
+        certs.identity_yaml("payments"),
+        ns.server_ip(),
+        server.app_host(),
+        server.outbound(),
+        server.admin(),
+    );
+    Proxy::start(&config, "services: {}\n").await
+}
+
 fn uid_of(pid: u32) -> String {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     status
@@ -427,15 +461,7 @@ async fn unmodified_clients_reach_service_ports_and_other_destinations_are_denie
     let _web = HttpApp::auto(server.app(8080)).await;
     let _grpc = HttpApp::h2c(server.app(9090)).await;
     let _db = banner_app(server.app(5432), "HELLO payments\n").await;
-    let server_config = format!(
-        "trust_domain: {TD}\n{}inbound:\n  listen: {}:15008\n  app_host: {}\n  default_port: 8080\n  ports:\n    - {{port: 8080, protocol: auto}}\n    - {{port: 9090, protocol: h2}}\n    - {{port: 5432, protocol: tcp}}\noutbound:\n  listen: {}\nadmin:\n  listen: {}\n",
-        certs.identity_yaml("payments"),
-        ns.server_ip(),
-        server.app_host(),
-        server.outbound(),
-        server.admin(),
-    );
-    let _server = Proxy::start(&server_config, "services: {}\n").await;
+    let _server = server_pod(&ns, &certs, &server, SERVED_PORTS).await;
     // A host outside the mesh that must never see a connection.
     let outside = tokio::net::TcpListener::bind((ns.outside_ip(), 7000))
         .await
@@ -443,12 +469,7 @@ async fn unmodified_clients_reach_service_ports_and_other_destinations_are_denie
 
     // The init container's step, twice: one copy of each rule.
     for _ in 0..2 {
-        let out = ns.redirect(&["--proxy-uid", "1337", "--apply"]);
-        assert!(
-            out.status.success(),
-            "redirect --apply: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        ns.redirect(&["--proxy-uid", "1337", "--apply"]);
     }
     let rules = ns.nat_rules();
     let ours: Vec<&str> = rules.lines().filter(|l| l.contains("AETHER_")).collect();
@@ -469,12 +490,7 @@ async fn unmodified_clients_reach_service_ports_and_other_destinations_are_denie
 
     let svc = "payments";
     let vip = vip(svc);
-    let catalog = catalog(&[service(
-        svc,
-        &certs.spiffe_id(PAYMENTS),
-        "    protocols: { 5432: tcp }\n",
-        &[endpoint(IpAddr::V4(ns.server_ip()), &[8080, 9090, 5432])],
-    )]);
+    let catalog = payments_catalog(&ns, &certs);
     let client = client_proxy_in(&ns, &certs, &catalog, "deny").await;
     assert_eq!(uid_of(client.pid().unwrap()), PROXY_UID.to_string());
     let dump = client.admin_get("/config_dump").await.unwrap().json();
@@ -608,12 +624,7 @@ async fn unmodified_clients_reach_service_ports_and_other_destinations_are_denie
 
     // --clean removes every rule, and a second --clean has nothing to do (still exit 0).
     for _ in 0..2 {
-        let out = ns.redirect(&["--clean"]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        ns.redirect(&["--clean"]);
     }
     let rules = ns.nat_rules();
     assert!(!rules.contains("AETHER"), "{rules}");
@@ -651,18 +662,13 @@ async fn passthrough_egress_reaches_the_original_destination_as_the_proxy() {
     .await;
     let web = HttpApp::http1(SocketAddr::new(IpAddr::V4(ns.outside_ip()), 8081)).await;
 
-    let out = ns.redirect(&[
+    ns.redirect(&[
         "--proxy-uid",
         "1337",
         "--apply",
         "--exclude-outbound-ports",
         "7001",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     assert!(ns.nat_rules().contains("--dport 7001 -j RETURN"));
     let client = client_proxy_in(&ns, &certs, "services: {}\n", "passthrough").await;
 
@@ -721,23 +727,10 @@ async fn the_system_resolver_and_a_curl_by_name_need_no_settings() {
     let net = Net::fresh();
     let server = net.pod(1);
     let _web = HttpApp::auto(server.app(8080)).await;
-    let server_config = format!(
-        "trust_domain: {TD}\n{}inbound:\n  listen: {}:15008\n  app_host: {}\n  default_port: 8080\noutbound:\n  listen: {}\nadmin:\n  listen: {}\n",
-        certs.identity_yaml("payments"),
-        ns.server_ip(),
-        server.app_host(),
-        server.outbound(),
-        server.admin(),
-    );
-    let _server = Proxy::start(&server_config, "services: {}\n").await;
+    let _server = server_pod(&ns, &certs, &server, "").await;
 
     ns.cluster_resolv_conf();
-    let out = ns.redirect(&["--proxy-uid", "1337", "--dns-port", "15053", "--apply"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ns.redirect(&["--proxy-uid", "1337", "--dns-port", "15053", "--apply"]);
     let rules = ns.nat_rules();
     assert_eq!(
         rules
@@ -854,17 +847,9 @@ async fn ipv6_clients_and_a_grpc_channel_by_name_are_captured() {
     let _web = HttpApp::auto(server.app(8080)).await;
     let grpc_app = grpc::GrpcServer::start(server.app(9090), "payments-grpc").await;
     let _db = banner_app(server.app(5432), "HELLO v6\n").await;
-    let server_config = format!(
-        "trust_domain: {TD}\n{}inbound:\n  listen: {}:15008\n  app_host: {}\n  default_port: 8080\n  ports:\n    - {{port: 8080, protocol: auto}}\n    - {{port: 9090, protocol: h2}}\n    - {{port: 5432, protocol: tcp}}\noutbound:\n  listen: {}\nadmin:\n  listen: {}\n",
-        certs.identity_yaml("payments"),
-        ns.server_ip(),
-        server.app_host(),
-        server.outbound(),
-        server.admin(),
-    );
-    let _server = Proxy::start(&server_config, "services: {}\n").await;
+    let _server = server_pod(&ns, &certs, &server, SERVED_PORTS).await;
 
-    let out = ns.redirect(&[
+    ns.redirect(&[
         "--proxy-uid",
         "1337",
         "--dns-port",
@@ -872,11 +857,6 @@ async fn ipv6_clients_and_a_grpc_channel_by_name_are_captured() {
         "--ipv6",
         "--apply",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let out = ns.exec(&["ip6tables-save", "-t", "nat"]);
     let rules6 = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
@@ -886,12 +866,7 @@ async fn ipv6_clients_and_a_grpc_channel_by_name_are_captured() {
     assert!(rules6.contains("-d ::1/128 -j RETURN"), "{rules6}");
     assert!(rules6.contains("--to-ports 15001"), "{rules6}");
 
-    let catalog = catalog(&[service(
-        "payments",
-        &certs.spiffe_id(PAYMENTS),
-        "    protocols: { 5432: tcp }\n",
-        &[endpoint(IpAddr::V4(ns.server_ip()), &[8080, 9090, 5432])],
-    )]);
+    let catalog = payments_catalog(&ns, &certs);
     let client = client_proxy_with(
         &ns,
         &certs,
@@ -922,6 +897,16 @@ async fn ipv6_clients_and_a_grpc_channel_by_name_are_captured() {
         .await;
     assert_eq!(line["status"], 200, "{line}");
     assert_eq!(line["peer_identity"], certs.spiffe_id(PAYMENTS), "{line}");
+
+    // An explicit client of the [::1] listener is still an explicit client.
+    let (status, body) = ns.curl(&[
+        "-g",
+        "-H",
+        &format!("Host: {SVC}:8080"),
+        "http://[::1]:15001/explicit-v6",
+    ]);
+    assert_eq!(status, "200", "{body}");
+    assert!(body.contains("/explicit-v6"), "{body}");
 
     // Raw TCP to the IPv6 address of the tcp port: the banner first, then the echo.
     let dst = SocketAddr::new(IpAddr::V6(vip6), 5432);
