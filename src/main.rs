@@ -3,12 +3,6 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-// Every request allocates a few dozen small objects (header maps, futures, body frames);
-// mimalloc's thread-local free lists serve them at a fraction of glibc malloc's cost (see
-// README, Benchmarks).
-#[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[derive(Parser)]
 #[command(
     name = "aether-proxy",

@@ -1,12 +1,10 @@
 //! Giving freed memory back to the system after catalog churn.
 //!
-//! Rust allocations go to mimalloc (the binary's global allocator), which returns a freed page
-//! to the system by itself shortly after it empties. BoringSSL allocates with the C library's
-//! `malloc`, and glibc keeps freed space in per-thread arenas: a sidecar that took thousands of
-//! xDS updates (each building TLS contexts) could hold much more than its live heap.
-//! `malloc_trim` hands those pages back. It runs a second after a change (the changes meanwhile
-//! ride along), so at most once a second while the catalog keeps changing, and off the
-//! runtime's worker threads.
+//! A catalog update frees the previous services and clusters while requests allocate on
+//! other threads; glibc keeps most of the freed space in per-thread arenas, so a sidecar that
+//! took thousands of xDS updates could hold twice its live heap. `malloc_trim` hands the free
+//! pages back. It runs a second after a change (the changes meanwhile ride along), so at most
+//! once a second while the catalog keeps changing, and off the runtime's worker threads.
 
 use std::sync::Arc;
 use std::time::Duration;
