@@ -34,7 +34,7 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap) {
     if present == 0 {
         return;
     }
-    if h.contains_key(http::header::CONNECTION) {
+    if present & (1 << CONNECTION_AT) != 0 {
         let mut named: Vec<HeaderName> = Vec::new();
         let tokens = h
             .get_all(http::header::CONNECTION)
@@ -81,7 +81,7 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap) {
 /// comparisons of `HeaderName`s.
 fn hop_by_hop_at(n: &HeaderName) -> Option<usize> {
     Some(match n.as_str() {
-        "connection" => 0,
+        "connection" => CONNECTION_AT,
         "keep-alive" => 1,
         "proxy-connection" => 2,
         "transfer-encoding" => 3,
@@ -93,6 +93,7 @@ fn hop_by_hop_at(n: &HeaderName) -> Option<usize> {
 }
 
 /// The connection-specific headers (`TE` is kept when it only asks for trailers).
+const CONNECTION_AT: usize = 0;
 const TE_AT: usize = 6;
 static HOP_BY_HOP: [HeaderName; 7] = [
     http::header::CONNECTION,
