@@ -326,7 +326,7 @@ impl Entry<'_> {
     }
 }
 
-/// `a` as `Display` writes it. IPv4 is written digit by digit: the formatting machinery cost
+/// `a` as `Display` writes it. IPv4 is written octet by octet through itoa: the formatting machinery cost
 /// a thousand instructions a request here (callgrind), more than the rest of the line.
 fn push_addr(out: &mut Vec<u8>, a: std::net::SocketAddr) {
     match a {
@@ -335,30 +335,16 @@ fn push_addr(out: &mut Vec<u8>, a: std::net::SocketAddr) {
                 if i > 0 {
                     out.push(b'.');
                 }
-                push_decimal(out, octet.into());
+                json_num(out, octet);
             }
             out.push(b':');
-            push_decimal(out, v4.port());
+            json_num(out, v4.port());
         }
         std::net::SocketAddr::V6(_) => {
             use std::io::Write as _;
             let _ = write!(out, "{a}");
         }
     }
-}
-
-fn push_decimal(out: &mut Vec<u8>, mut v: u16) {
-    let mut digits = [0u8; 5];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[at..]);
 }
 
 /// Numbers go through serde_json (itoa and ryu), so they print exactly as it prints them.
