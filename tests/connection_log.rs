@@ -29,22 +29,7 @@ async fn mesh(client_extra: &str, timers: &str) -> Mesh {
     let (client_pod, server_pod) = (net.pod(0), net.pod(1));
     let certs = certs();
     let echo = TcpEcho::start(server_pod.app(5432)).await;
-    let server = server_proxy(
-        &certs,
-        server_pod,
-        "payments",
-        &[
-            "{ port: 8080, protocol: auto }",
-            "{ port: 5432, protocol: tcp }",
-        ],
-    )
-    .await;
-    let cat = catalog(&[service(
-        "payments",
-        &certs.spiffe_id(PAYMENTS),
-        "    protocols: { 5432: tcp }\n",
-        &[endpoint(server_pod.proxy_ip(), &[8080, 5432])],
-    )]);
+    let (server, cat) = payments_with_tcp_port(&certs, server_pod).await;
     let mut client = client_proxy_builder(&certs, client_pod, &cat, client_extra);
     if !timers.is_empty() {
         client = client.env("AETHER_TEST_TIMERS", timers);

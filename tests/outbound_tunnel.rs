@@ -23,22 +23,7 @@ async fn connect_tunnels_to_tcp_ports_only() {
     let certs = certs();
     let app = HttpApp::auto(p1.app(8080)).await;
     let echo = TcpEcho::start(p1.app(5432)).await;
-    let _s1 = server_proxy(
-        &certs,
-        p1,
-        "payments",
-        &[
-            "{ port: 8080, protocol: auto }",
-            "{ port: 5432, protocol: tcp }",
-        ],
-    )
-    .await;
-    let cat = catalog(&[service(
-        "payments",
-        &certs.spiffe_id(PAYMENTS),
-        "    protocols: { 5432: tcp }\n",
-        &[endpoint(p1.proxy_ip(), &[8080, 5432])],
-    )]);
+    let (_s1, cat) = payments_with_tcp_port(&certs, p1).await;
     let _client = client_proxy(&certs, client_pod, &cat, "").await;
     let out = client_pod.outbound();
 

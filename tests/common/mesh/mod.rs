@@ -116,6 +116,28 @@ pub fn catalog(services: &[String]) -> String {
     format!("services:\n{}", services.concat())
 }
 
+/// A payments pod serving 8080 (`auto`) and 5432 (`tcp`), its proxy started, and the catalog
+/// that lists it with 5432 marked `tcp`. The apps behind the ports are the caller's.
+pub async fn payments_with_tcp_port(certs: &Certs, pod: PodNet) -> (Proxy, String) {
+    let proxy = server_proxy(
+        certs,
+        pod,
+        "payments",
+        &[
+            "{ port: 8080, protocol: auto }",
+            "{ port: 5432, protocol: tcp }",
+        ],
+    )
+    .await;
+    let cat = catalog(&[service(
+        "payments",
+        &certs.spiffe_id(PAYMENTS),
+        "    protocols: { 5432: tcp }\n",
+        &[endpoint(pod.proxy_ip(), &[8080, 5432])],
+    )]);
+    (proxy, cat)
+}
+
 // ---------------------------------------------------------------------------------------------
 // The smallest mesh: one client pod, one payments pod
 // ---------------------------------------------------------------------------------------------
