@@ -9,7 +9,6 @@ pub mod clienthello;
 pub mod handshakes;
 pub mod http;
 pub mod peer;
-pub mod prefixed;
 pub mod tcp;
 
 use std::net::SocketAddr;
@@ -30,7 +29,6 @@ use chain::{Chains, Server};
 use handshakes::Handshakes;
 use http::HttpChains;
 use peer::Peer;
-use prefixed::Prefixed;
 
 /// How long a client may take to send its ClientHello (slow or silent clients are cut off):
 /// the header read timeout (`Timers::head_read`, 10 s).
@@ -158,7 +156,7 @@ impl Inbound {
             let _ = tcp.shutdown().await;
             return None;
         };
-        let io = Prefixed::new(buf.freeze(), tcp);
+        let io = crate::sockets::ReadAhead::with_prefix(buf, tcp);
         let accepted =
             tokio::time::timeout(HANDSHAKE_TIMEOUT, tokio_boring::accept(acceptor, io)).await;
         match accepted {

@@ -5,11 +5,10 @@ use std::net::SocketAddr;
 
 use tokio::net::TcpStream;
 
-use super::prefixed::Prefixed;
 use crate::identity::{san, SpiffeId};
 
-/// The inbound TLS stream: the ClientHello bytes replayed, then the socket.
-pub type TlsStream = crate::sockets::Tls<Prefixed<TcpStream>>;
+/// The inbound TLS stream: the ClientHello bytes replayed, then the socket, read ahead.
+pub type TlsStream = crate::sockets::Tls<crate::sockets::ReadAhead<TcpStream>>;
 
 pub struct Peer {
     pub addr: SocketAddr,

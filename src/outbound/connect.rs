@@ -20,7 +20,7 @@ use crate::identity::tls::{alpn_wire, session_key_index, Client, ALPN_H2};
 use crate::identity::{IdentityStore, SpiffeId};
 use crate::metrics;
 
-pub type UpstreamTls = crate::sockets::Tls<TcpStream>;
+pub type UpstreamTls = crate::sockets::Tls<crate::sockets::ReadAhead<TcpStream>>;
 
 /// Why an upstream connection could not be used. Each variant says which step failed; the io
 /// error kind is kept where there is one.
@@ -121,6 +121,7 @@ pub async fn connect(
             cfg.set_alpn_protos(alpn).map_err(ConnectError::Setup)?;
         }
         let sni = port.to_string();
+        let tcp = crate::sockets::ReadAhead::new(tcp);
         let tls = tokio_boring::connect(cfg, &sni, tcp).await.map_err(|e| {
             metrics::get().handshake("outbound", false);
             client.sessions.forget(&key);

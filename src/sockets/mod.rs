@@ -1,7 +1,8 @@
 //! What every TCP socket of the data path shares, HTTP or not: keepalive, so a peer that
-//! vanished without a FIN is found (SPEC section 8), and splicing two streams for tcp chains,
-//! CONNECT tunnels and upgraded connections, which end once no byte moves either way for
-//! `Timers::tunnel_idle`.
+//! vanished without a FIN is found (SPEC section 8); under TLS, a socket read ahead
+//! ([`read_ahead`]) and a stream that asks the socket before BoringSSL ([`Tls`]); and splicing
+//! two streams for tcp chains, CONNECT tunnels and upgraded connections, which end once no byte
+//! moves either way for `Timers::tunnel_idle`.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -15,6 +16,9 @@ use crate::drain::{Drain, Phase};
 use crate::http::body::Activity;
 use crate::http::limits::{KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES};
 
+pub mod read_ahead;
+pub use read_ahead::{ReadAhead, ReadReady};
+
 /// Turns TCP keepalive on (see `limits::KEEPALIVE_IDLE`); also sets `TCP_NODELAY`, which every
 /// data socket wants.
 pub fn tune(tcp: &TcpStream) {
@@ -25,17 +29,6 @@ pub fn tune(tcp: &TcpStream) {
         .with_retries(KEEPALIVE_PROBES);
     if let Err(e) = socket2::SockRef::from(tcp).set_tcp_keepalive(&ka) {
         tracing::debug!("TCP keepalive not set: {e}");
-    }
-}
-
-/// A socket that can say whether a read would find bytes, without reading.
-pub trait ReadReady {
-    fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>>;
-}
-
-impl ReadReady for TcpStream {
-    fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        TcpStream::poll_read_ready(self, cx)
     }
 }
 
@@ -77,7 +70,7 @@ impl<S: AsyncRead + AsyncWrite + ReadReady + Unpin> AsyncRead for Tls<S> {
         use foreign_types::ForeignTypeRef;
         // SAFETY: a plain query on a live SSL object owned by the stream.
         let buffered = unsafe { boring_sys::SSL_has_pending(self.inner.ssl().as_ptr()) } != 0;
-        if !buffered && self.inner.get_ref().poll_read_ready(cx).is_pending() {
+        if !buffered && self.inner.get_mut().poll_read_ready(cx).is_pending() {
             return Poll::Pending;
         }
         Pin::new(&mut self.inner).poll_read(cx, buf)

@@ -1,62 +1,136 @@
-//! A stream that first replays bytes already read from it.
+//! A socket read through a buffer, under the TLS layer.
 //!
-//! The inbound listener reads the ClientHello itself (to pick a chain by SNI) and then hands the
-//! connection to BoringSSL; `Prefixed` gives the TLS stack those bytes back, then the socket.
+//! BoringSSL asks its transport for exactly what it needs next: the 5-byte record header, then
+//! the record body. Read straight from the socket, that is two `recv`s per record, and a third
+//! that finds nothing once the last record is in (tokio only learns the socket is drained from
+//! a short read). Reading ahead into a buffer makes it one `recv` for a small message and one
+//! per several 16 KiB records in bulk, at the cost of copying the bytes once more.
+//!
+//! The inbound listener also reads the ClientHello itself (to pick a chain by SNI) before
+//! BoringSSL exists; those bytes start the buffer, so the TLS stack sees them again.
 
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::{Buf, Bytes};
+use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
 
-/// Reads yield `prefix` first, then `inner`; writes, flush and shutdown go straight to `inner`.
+/// A socket that can say whether a read would find bytes, without reading (`&mut`: a buffered
+/// stream frees its buffer when the answer is no).
+pub trait ReadReady {
+    fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
+}
+
+impl ReadReady for TcpStream {
+    fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        TcpStream::poll_read_ready(self, cx)
+    }
+}
+
+/// How much one `recv` may take: four full TLS records (16 KiB of plaintext each, plus
+/// headers and tags), so a bulk stream needs about one syscall per 64 KiB.
+pub const READ_AHEAD: usize = 4 * (16 * 1024 + 64);
+
+/// Reads come from the buffer first, then from `inner` through the buffer; writes, flush and
+/// shutdown go straight to `inner`.
 ///
-/// The inner stream must be `Unpin` (a `TcpStream` is; pin anything else in a `Box`), which keeps
-/// this type free of unsafe pin projection. `Prefixed<S>` is `Unpin` whenever `S` is.
+/// The buffer exists only while bytes wait in it or a read is under way: whenever the socket
+/// has nothing more (a read would block) and the buffer is empty, it is freed, so an idle
+/// connection holds no read-ahead memory. The inner stream must be `Unpin` (a `TcpStream` is),
+/// which keeps this type free of unsafe pin projection.
 #[derive(Debug)]
-pub struct Prefixed<S> {
-    prefix: Bytes,
+pub struct ReadAhead<S> {
+    buf: BytesMut,
     inner: S,
 }
 
-impl<S> Prefixed<S> {
-    pub fn new(prefix: Bytes, inner: S) -> Self {
-        Prefixed { prefix, inner }
+impl<S> ReadAhead<S> {
+    pub fn new(inner: S) -> Self {
+        Self::with_prefix(BytesMut::new(), inner)
+    }
+
+    /// Reads yield `prefix` first (bytes already taken from `inner`).
+    pub fn with_prefix(prefix: BytesMut, inner: S) -> Self {
+        ReadAhead { buf: prefix, inner }
     }
 
     pub fn get_ref(&self) -> &S {
         &self.inner
     }
-}
 
-impl<S: crate::sockets::ReadReady> crate::sockets::ReadReady for Prefixed<S> {
-    fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if self.prefix.has_remaining() {
-            return Poll::Ready(Ok(()));
+    /// Bytes read from the socket and not yet handed on.
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Frees the buffer when nothing waits in it: called whenever the socket has nothing more.
+    fn release_if_empty(&mut self) {
+        if self.buf.is_empty() && self.buf.capacity() > 0 {
+            self.buf = BytesMut::new();
         }
-        self.inner.poll_read_ready(cx)
     }
 }
 
-impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
+impl<S: ReadReady> ReadReady for ReadAhead<S> {
+    fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if !self.buf.is_empty() {
+            return Poll::Ready(Ok(()));
+        }
+        let r = self.inner.poll_read_ready(cx);
+        if r.is_pending() {
+            self.release_if_empty();
+        }
+        r
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for ReadAhead<S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
+        dst: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if this.prefix.has_remaining() {
-            let n = this.prefix.len().min(buf.remaining());
-            buf.put_slice(&this.prefix[..n]);
-            this.prefix.advance(n);
-            return Poll::Ready(Ok(()));
+        if this.buf.is_empty() {
+            // A read as large as the buffer gains nothing from it.
+            if dst.remaining() >= READ_AHEAD {
+                let r = Pin::new(&mut this.inner).poll_read(cx, dst);
+                if r.is_pending() {
+                    this.release_if_empty();
+                }
+                return r;
+            }
+            this.buf.clear();
+            this.buf.reserve(READ_AHEAD);
+            let mut into = ReadBuf::uninit(this.buf.spare_capacity_mut());
+            match Pin::new(&mut this.inner).poll_read(cx, &mut into) {
+                Poll::Pending => {
+                    this.release_if_empty();
+                    return Poll::Pending;
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Ready(Ok(())) => {
+                    let n = into.filled().len();
+                    // SAFETY: the first `n` bytes of the spare capacity were written by the
+                    // read (`ReadBuf::filled` counts only initialised bytes), and `n` is at
+                    // most the capacity reserved above.
+                    unsafe { this.buf.set_len(n) };
+                    if n == 0 {
+                        return Poll::Ready(Ok(())); // end of stream
+                    }
+                }
+            }
         }
-        Pin::new(&mut this.inner).poll_read(cx, buf)
+        let n = this.buf.len().min(dst.remaining());
+        dst.put_slice(&this.buf[..n]);
+        this.buf.advance(n);
+        Poll::Ready(Ok(()))
     }
 }
 
-impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
+impl<S: AsyncWrite + Unpin> AsyncWrite for ReadAhead<S> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -95,14 +169,13 @@ mod tests {
     use boring::ssl::{select_next_proto, AlpnError, NameType, SslAcceptor, SslConnector};
     use boring::ssl::{SslMethod, SslVerifyMode};
     use boring::x509::X509;
-    use bytes::BytesMut;
     use std::time::Duration;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     #[tokio::test]
     async fn reads_yield_the_prefix_then_the_inner_stream() {
         let inner: &[u8] = b" world";
-        let mut s = Prefixed::new(Bytes::from_static(b"hello"), inner);
+        let mut s = ReadAhead::with_prefix(BytesMut::from(&b"hello"[..]), inner);
         // A tiny read buffer: the prefix comes out in pieces, never mixed with inner bytes.
         let mut small = [0u8; 3];
         assert_eq!(s.read(&mut small).await.unwrap(), 3);
@@ -117,7 +190,7 @@ mod tests {
     #[tokio::test]
     async fn empty_prefix_reads_straight_from_inner() {
         let inner: &[u8] = b"abc";
-        let mut s = Prefixed::new(Bytes::new(), inner);
+        let mut s = ReadAhead::new(inner);
         let mut all = Vec::new();
         s.read_to_end(&mut all).await.unwrap();
         assert_eq!(all, b"abc");
@@ -127,13 +200,101 @@ mod tests {
     #[tokio::test]
     async fn writes_flush_and_shutdown_go_to_inner() {
         let (near, mut far) = tokio::io::duplex(1024);
-        let mut s = Prefixed::new(Bytes::from_static(b"unread prefix"), near);
+        let mut s = ReadAhead::with_prefix(BytesMut::from(&b"unread prefix"[..]), near);
         s.write_all(b"reply").await.unwrap();
         s.flush().await.unwrap();
         s.shutdown().await.unwrap();
         let mut got = Vec::new();
         far.read_to_end(&mut got).await.unwrap();
         assert_eq!(got, b"reply");
+    }
+
+    /// A connected loopback pair: (the far end, our end read ahead).
+    async fn tcp_pair() -> (tokio::net::TcpStream, ReadAhead<tokio::net::TcpStream>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let far = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (near, _) = listener.accept().await.unwrap();
+        (far, ReadAhead::new(near))
+    }
+
+    /// Polls `f` once, with a waker that does nothing.
+    fn poll_once<T>(f: impl FnOnce(&mut Context<'_>) -> Poll<T>) -> Poll<T> {
+        f(&mut Context::from_waker(std::task::Waker::noop()))
+    }
+
+    /// What BoringSSL does: a 5-byte header, then the body it announces. One read from the
+    /// socket serves both records here; the second record waits in the buffer, and the socket,
+    /// drained, must not be what decides whether a read would find bytes.
+    #[tokio::test]
+    async fn records_come_from_one_socket_read_and_buffered_bytes_count_as_ready() {
+        let (mut far, mut near) = tcp_pair().await;
+        let record = |fill: u8| {
+            let mut r = vec![23, 3, 3, 0, 100];
+            r.extend([fill; 100]);
+            r
+        };
+        far.write_all(&[record(b'a'), record(b'b')].concat())
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        for fill in [b'a', b'b'] {
+            let mut head = [0u8; 5];
+            near.read_exact(&mut head).await.unwrap();
+            assert_eq!(head, [23, 3, 3, 0, 100]);
+            if fill == b'a' {
+                assert_eq!(near.buffered(), 100 + 105, "both records came in one read");
+            }
+            let mut body = [0u8; 100];
+            near.read_exact(&mut body).await.unwrap();
+            assert_eq!(body, [fill; 100]);
+            if fill == b'a' {
+                let ready = poll_once(|cx| near.poll_read_ready(cx));
+                assert!(ready.is_ready(), "the next record waits in the buffer");
+                let socket_ready = poll_once(|cx| near.inner.poll_read_ready(cx));
+                assert!(socket_ready.is_pending(), "the socket itself is drained");
+            }
+        }
+        assert_eq!(near.buffered(), 0);
+    }
+
+    /// An idle connection keeps no read-ahead buffer: once the socket has nothing more and
+    /// the buffer is empty, it is freed; the next bytes get a new one.
+    #[tokio::test]
+    async fn the_buffer_is_freed_when_the_socket_has_nothing_more() {
+        let (mut far, mut near) = tcp_pair().await;
+        far.write_all(b"hello").await.unwrap();
+        let mut got = [0u8; 5];
+        near.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"hello");
+        assert!(near.buf.capacity() > 0, "read through the buffer");
+        // Readiness asked (what the TLS layer does first) and refused: the buffer goes.
+        assert!(poll_once(|cx| near.poll_read_ready(cx)).is_pending());
+        assert_eq!(near.buf.capacity(), 0);
+        // A read that would block frees it too.
+        far.write_all(b"again").await.unwrap();
+        near.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"again");
+        let mut more = [0u8; 8];
+        let pending =
+            poll_once(|cx| Pin::new(&mut near).poll_read(cx, &mut ReadBuf::new(&mut more)));
+        assert!(pending.is_pending());
+        assert_eq!(near.buf.capacity(), 0);
+        // End of stream still reads as end of stream.
+        far.shutdown().await.unwrap();
+        assert_eq!(near.read(&mut more).await.unwrap(), 0);
+    }
+
+    /// A read as large as the buffer goes straight to the socket.
+    #[tokio::test]
+    async fn large_reads_skip_the_buffer() {
+        let (mut far, mut near) = tcp_pair().await;
+        far.write_all(b"bulk").await.unwrap();
+        let mut big = vec![0u8; READ_AHEAD];
+        let n = near.read(&mut big).await.unwrap();
+        assert_eq!(&big[..n], b"bulk");
+        assert_eq!(near.buf.capacity(), 0, "no buffer was taken");
     }
 
     fn self_signed_acceptor() -> SslAcceptor {
@@ -185,7 +346,7 @@ mod tests {
         assert_eq!(hello.alpn, vec![b"http/1.1".to_vec(), b"h2".to_vec()]);
         assert_eq!(classify_sni(hello.sni.as_deref()), SniKind::Port(9090));
 
-        let replayed = Prefixed::new(buf.freeze(), tcp);
+        let replayed = ReadAhead::with_prefix(buf, tcp);
         let mut tls = tokio_boring::accept(&acceptor, replayed).await.unwrap();
         // BoringSSL saw exactly the SNI we routed on.
         assert_eq!(tls.ssl().servername(NameType::HOST_NAME), Some("9090"));

@@ -3,7 +3,7 @@
 //! The inbound listener chooses a per-port chain (certificate, ALPN, codec) from the ClientHello's
 //! SNI, so it must see the SNI and the ALPN list before BoringSSL does. `record.rs` reads the
 //! record layer from the socket ([`read`], [`parse`]); `hello.rs` parses the message body. The
-//! caller then replays the very same bytes into the TLS stack (see `super::prefixed::Prefixed`).
+//! caller then replays the very same bytes into the TLS stack (see `crate::sockets::ReadAhead`).
 
 pub mod hello;
 pub mod record;
