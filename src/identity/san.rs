@@ -25,9 +25,13 @@ pub enum LeafIdError {
 
 /// Every URI SAN of `der`, in certificate order (for error messages).
 pub fn uri_sans(der: &[u8]) -> Vec<String> {
-    let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else {
-        return Vec::new();
-    };
+    match x509_parser::parse_x509_certificate(der) {
+        Ok((_, cert)) => uris_of(&cert),
+        Err(_) => Vec::new(),
+    }
+}
+
+fn uris_of(cert: &x509_parser::certificate::X509Certificate<'_>) -> Vec<String> {
     let Ok(Some(san)) = cert.subject_alternative_name() else {
         return Vec::new();
     };
@@ -43,11 +47,12 @@ pub fn uri_sans(der: &[u8]) -> Vec<String> {
 
 /// The one SPIFFE id a leaf proves: exactly one URI SAN, strictly shaped. DNS and other SAN
 /// kinds may sit beside it (the X509-SVID rule allows them); they identify nothing here.
+/// Runs on every handshake, resumed ones included, so the certificate is parsed once.
 pub fn leaf_id(der: &[u8]) -> Result<SpiffeId, LeafIdError> {
-    if x509_parser::parse_x509_certificate(der).is_err() {
+    let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else {
         return Err(LeafIdError::Unreadable);
-    }
-    let mut uris = uri_sans(der);
+    };
+    let mut uris = uris_of(&cert);
     match uris.len() {
         0 => Err(LeafIdError::NoUri),
         1 => {
