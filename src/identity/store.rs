@@ -178,7 +178,6 @@ impl IdentityStore {
 mod tests {
     use super::*;
     use crate::identity::certgen::{self, Workload};
-    use crate::identity::tls::session_key_index;
     use std::net::SocketAddr;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::{TcpListener, TcpStream};
@@ -198,11 +197,7 @@ mod tests {
         let client = contexts.connector_for(None);
         let mut cfg = client.ctx.configure().unwrap();
         let key: (SocketAddr, u16) = (SocketAddr::from(([127, 0, 0, 1], 1)), as_port);
-        cfg.set_ex_data(session_key_index(), key);
-        if let Some(s) = client.sessions.get(&key) {
-            // SAFETY: the session came from this very context.
-            unsafe { cfg.set_session(&s).unwrap() };
-        }
+        crate::identity::tls::offer(&mut cfg, &client.sessions, key);
         cfg.set_verify_hostname(false);
         let tcp = TcpStream::connect(addr).await.unwrap();
         let mut tls = tokio_boring::connect(cfg, &port.to_string(), tcp)
@@ -214,6 +209,80 @@ mod tests {
         drop(tls);
         server.await.unwrap();
         resumed
+    }
+
+    /// The server sends one session ticket per handshake, full or resumed: the client keeps
+    /// only the latest per endpoint and port, so a second one would be wasted work each time.
+    #[tokio::test]
+    async fn one_ticket_per_handshake() {
+        use boring::ssl::{SslConnector, SslMethod, SslSessionCacheMode, SslVerifyMode};
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::{Arc, Mutex};
+
+        let dir = tempfile::tempdir().unwrap();
+        let ws = [
+            Workload::parse("default/payments").unwrap(),
+            Workload::parse("default/frontend").unwrap(),
+        ];
+        certgen::generate(dir.path(), "aether.local", &ws).unwrap();
+        let paths = |name: &str| IdentityPaths {
+            cert: dir.path().join(format!("{name}.crt")),
+            key: dir.path().join(format!("{name}.key")),
+            ca: dir.path().join("ca.crt"),
+        };
+        let spec = IdentitySpec {
+            files: Some(paths("payments")),
+            trust_domain: "aether.local".into(),
+            served: vec![(8080, ServerAlpn::ClientFirst)],
+            sources: vec![],
+        };
+        let acceptor = Contexts::build(&spec)
+            .unwrap()
+            .acceptor(8080)
+            .unwrap()
+            .clone();
+        let p = paths("frontend");
+        let me = crate::identity::Identity::load(&p.cert, &p.key, &p.ca, "aether.local").unwrap();
+
+        // A plain client that counts every session it is handed.
+        let tickets = Arc::new(AtomicUsize::new(0));
+        let latest = Arc::new(Mutex::new(None));
+        let mut b = SslConnector::builder(SslMethod::tls()).unwrap();
+        b.set_certificate(&me.chain[0]).unwrap();
+        b.set_private_key(&me.key).unwrap();
+        b.set_verify(SslVerifyMode::NONE);
+        b.set_session_cache_mode(SslSessionCacheMode::CLIENT);
+        let (t, l) = (tickets.clone(), latest.clone());
+        b.set_new_session_callback(move |_, s| {
+            t.fetch_add(1, Ordering::SeqCst);
+            *l.lock().unwrap() = Some(s);
+        });
+        let client = b.build();
+
+        for round in 0..3 {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let acceptor = acceptor.clone();
+            let server = tokio::spawn(async move {
+                let (tcp, _) = listener.accept().await.unwrap();
+                let mut tls = tokio_boring::accept(&acceptor, tcp).await.unwrap();
+                tls.write_all(b"x").await.unwrap();
+                let _ = tls.read(&mut [0u8; 1]).await;
+            });
+            let mut cfg = client.configure().unwrap();
+            if let Some(s) = latest.lock().unwrap().clone() {
+                // SAFETY: the session came from this very context.
+                unsafe { cfg.set_session(&s).unwrap() };
+            }
+            let tcp = TcpStream::connect(addr).await.unwrap();
+            let mut tls = tokio_boring::connect(cfg, "8080", tcp).await.unwrap();
+            // The tickets precede the server's byte on the wire.
+            tls.read_exact(&mut [0u8; 1]).await.unwrap();
+            assert_eq!(tls.ssl().session_reused(), round > 0);
+            drop(tls);
+            server.await.unwrap();
+            assert_eq!(tickets.load(Ordering::SeqCst), round + 1, "round {round}");
+        }
     }
 
     #[tokio::test]

@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use boring::ex_data::Index;
 use boring::ssl::{
-    AlpnError, Ssl, SslAcceptor, SslConnector, SslContextBuilder, SslMethod, SslSession,
-    SslSessionCacheMode, SslVerifyMode, SslVersion,
+    AlpnError, ConnectConfiguration, Ssl, SslAcceptor, SslConnector, SslContextBuilder, SslMethod,
+    SslSession, SslSessionCacheMode, SslVerifyMode, SslVersion,
 };
 use boring::x509::store::X509StoreBuilder;
 
@@ -21,6 +21,9 @@ use super::workload::{Identity, IdentityError};
 
 /// Envoy 1.40's default key-exchange preference.
 pub const CURVES: &str = "X25519MLKEM768:X25519:P-256";
+
+/// Session tickets a server sends after each TLS 1.3 handshake.
+pub const SERVER_TICKETS: usize = 1;
 
 pub const ALPN_H2: &[u8] = b"h2";
 pub const ALPN_HTTP1: &[u8] = b"http/1.1";
@@ -98,6 +101,11 @@ pub fn acceptor(
     // so a session never crosses into a chain with other rules.
     b.set_session_id_context(format!("aether-port-{port}").as_bytes())
         .map_err(IdentityError::tls("session id context"))?;
+    // One session ticket per handshake instead of BoringSSL's two: the client keeps one session
+    // per endpoint and port and offers it again (`Sessions`), so a second ticket would be
+    // serialized, sealed, sent and parsed on every handshake only to replace the first.
+    // SAFETY: a valid SSL_CTX owned by the builder; the call only stores a count.
+    unsafe { boring_sys::SSL_CTX_set_num_tickets(b.as_ptr(), SERVER_TICKETS) };
     Ok(b.build())
 }
 
@@ -140,19 +148,27 @@ pub type SessionKey = (SocketAddr, u16);
 /// the cache stays as large as the mesh, not as large as its history. The process-wide count
 /// is `aether_tls_client_sessions`.
 #[derive(Default)]
-pub struct Sessions(Mutex<HashMap<SessionKey, SslSession>>);
+pub struct Sessions(Mutex<HashMap<SessionKey, Resumption>>);
+
+/// What the client remembers of its last handshake with one endpoint and port.
+#[derive(Clone)]
+pub struct Resumption {
+    pub session: SslSession,
+    /// The key-exchange group the server chose (an IANA group id).
+    pub group: Option<u16>,
+}
 
 impl Sessions {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<SessionKey, SslSession>> {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<SessionKey, Resumption>> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn get(&self, key: &SessionKey) -> Option<SslSession> {
+    pub fn get(&self, key: &SessionKey) -> Option<Resumption> {
         self.map().get(key).cloned()
     }
 
-    fn put(&self, key: SessionKey, session: SslSession) {
-        if self.map().insert(key, session).is_none() {
+    fn put(&self, key: SessionKey, r: Resumption) {
+        if self.map().insert(key, r).is_none() {
             crate::metrics::get().tls_client_sessions.inc();
         }
     }
@@ -218,13 +234,39 @@ pub fn connector(id: &Identity) -> Result<Client, IdentityError> {
     let cache = sessions.clone();
     b.set_new_session_callback(move |ssl, session| {
         if let Some(key) = ssl.ex_data(session_key_index()) {
-            cache.put(*key, session);
+            let group = ssl.curve();
+            cache.put(*key, Resumption { session, group });
         }
     });
     Ok(Client {
         ctx: b.build(),
         sessions,
     })
+}
+
+/// Prepares a client connection to `key`: files the tickets it will receive under `key`, and
+/// offers what the last handshake there left: its session, and a key share for the group the
+/// server chose then and nothing else. Without that BoringSSL sends two shares (the first
+/// post-quantum group and the first classical one, X25519MLKEM768 and X25519 here), and the
+/// one the server ignores costs an X25519 key generation on every handshake. A server that
+/// has changed its mind answers with a HelloRetryRequest, one round trip, and the next
+/// handshake offers its new choice.
+pub fn offer(cfg: &mut ConnectConfiguration, sessions: &Sessions, key: SessionKey) {
+    cfg.set_ex_data(session_key_index(), key);
+    let Some(last) = sessions.get(&key) else {
+        return;
+    };
+    // SAFETY: the session came from this very context (each context has its own cache).
+    unsafe {
+        let _ = cfg.set_session(&last.session);
+    }
+    if let Some(group) = last.group {
+        use foreign_types::ForeignTypeRef;
+        // SAFETY: a valid SSL owned by `cfg`; BoringSSL copies the one-element list.
+        unsafe {
+            boring_sys::SSL_set1_server_supported_groups_hint(cfg.as_ptr(), &group, 1);
+        }
+    }
 }
 
 /// ALPN wire list with the caller's own protocol first (SPEC "Upstream connection").

@@ -16,7 +16,7 @@ use super::pool::{self, Conn, Pool};
 use crate::config::Config;
 use crate::http::answer::Reason;
 use crate::identity::san;
-use crate::identity::tls::{alpn_wire, session_key_index, Client, ALPN_H2};
+use crate::identity::tls::{self, alpn_wire, Client, ALPN_H2};
 use crate::identity::{IdentityStore, SpiffeId};
 use crate::metrics;
 
@@ -107,13 +107,7 @@ pub async fn connect(
         crate::sockets::tune(&tcp);
         let mut cfg = client.ctx.configure().map_err(ConnectError::Setup)?;
         let key = (addr, port);
-        cfg.set_ex_data(session_key_index(), key);
-        if let Some(session) = client.sessions.get(&key) {
-            // SAFETY: the session came from this very context (each context has its own cache).
-            unsafe {
-                let _ = cfg.set_session(&session);
-            }
-        }
+        tls::offer(&mut cfg, &client.sessions, key);
         // The SNI is the bare port; it is not a hostname to verify.
         cfg.set_use_server_name_indication(true);
         cfg.set_verify_hostname(false);
@@ -362,6 +356,94 @@ mod tests {
         match r {
             Ok(_) => panic!("the connection must fail"),
             Err(e) => e,
+        }
+    }
+
+    /// The key shares of each ClientHello a test server receives, by group id.
+    type Seen = std::sync::Arc<std::sync::Mutex<Vec<Vec<u16>>>>;
+
+    /// A server proving `id` that takes key exchange `groups` only and records the key shares
+    /// each ClientHello offers.
+    fn recording_acceptor(id: &Identity, groups: &str, seen: Seen) -> boring::ssl::SslAcceptor {
+        use boring::ssl::{ExtensionType, SslAcceptor, SslMethod};
+        let mut b = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls()).unwrap();
+        b.set_certificate(&id.chain[0]).unwrap();
+        b.set_private_key(&id.key).unwrap();
+        b.set_curves_list(groups).unwrap();
+        b.set_select_certificate_callback(move |hello| {
+            let ext = hello.get_extension(ExtensionType::KEY_SHARE).unwrap_or(&[]);
+            // client_shares<2..>: { group u16, key_exchange<1..2^16-1> }*
+            let (mut rest, mut shares) = (ext.get(2..).unwrap_or(&[]), Vec::new());
+            while rest.len() >= 4 {
+                shares.push(u16::from_be_bytes([rest[0], rest[1]]));
+                let n = usize::from(u16::from_be_bytes([rest[2], rest[3]]));
+                rest = rest.get(4 + n..).unwrap_or(&[]);
+            }
+            seen.lock().unwrap().push(shares);
+            Ok(())
+        });
+        b.build()
+    }
+
+    #[tokio::test]
+    async fn offers_one_key_share_for_the_group_the_server_chose_last_time() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        const MLKEM: u16 = 0x11ec;
+        const X25519: u16 = 0x1d;
+        const P256: u16 = 0x17;
+        let dir = tempfile::tempdir().unwrap();
+        let (client_id, server_id) = identities(dir.path());
+        let client = tls::connector(&client_id).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+
+        // One connection per step, all to the same endpoint and port; the server's groups change
+        // between steps as an upgraded or differently configured peer's would.
+        // (server groups, key shares of the first ClientHello, group agreed, resumed)
+        let steps: [(&str, &[u16], u16, bool); 4] = [
+            // First contact: BoringSSL's two shares, one post-quantum and one classical.
+            (tls::CURVES, &[MLKEM, X25519], MLKEM, false),
+            // Then only the group the server chose, on a resumed handshake.
+            (tls::CURVES, &[MLKEM], MLKEM, true),
+            // The server now takes P-256 only: a HelloRetryRequest, and the connection works.
+            ("P-256", &[MLKEM], P256, false),
+            // From then on P-256 alone.
+            ("P-256", &[P256], P256, true),
+        ];
+        // One server context per set of groups, so its session tickets stay valid.
+        let seen = Seen::default();
+        let mesh = recording_acceptor(&server_id, tls::CURVES, seen.clone());
+        let p256 = recording_acceptor(&server_id, "P-256", seen.clone());
+        for (i, (groups, want, group, resumed)) in steps.into_iter().enumerate() {
+            let acceptor = if groups == "P-256" { &p256 } else { &mesh };
+            let (tcp, _) = tokio::join!(
+                async {
+                    let (tcp, _) = listener.accept().await.unwrap();
+                    let mut tls = tokio_boring::accept(acceptor, tcp).await.unwrap();
+                    tls.write_all(b"x").await.unwrap();
+                    tls
+                },
+                async {
+                    let mut tls = connect(
+                        &client,
+                        addr,
+                        9090,
+                        None,
+                        &pin("payments"),
+                        Duration::from_secs(5),
+                    )
+                    .await
+                    .unwrap();
+                    // The session ticket arrives before the server's byte.
+                    tls.read_exact(&mut [0u8; 1]).await.unwrap();
+                    assert_eq!(tls.ssl().session_reused(), resumed, "step {i}");
+                    assert_eq!(tls.ssl().curve(), Some(group), "step {i}");
+                }
+            );
+            drop(tcp);
+            // BoringSSL asks the callback about the first ClientHello only.
+            let seen = std::mem::take(&mut *seen.lock().unwrap());
+            assert_eq!(seen, vec![want.to_vec()], "step {i}: key shares offered");
         }
     }
 
