@@ -154,7 +154,7 @@ const FLUSH_EVERY: Duration = Duration::from_millis(50);
 /// Queued bytes that wake the writer before [`FLUSH_EVERY`]: at 20,000 requests a second 50 ms
 /// of lines is about 400 KiB, and a buffer grown to that (twice: one filling while the other
 /// is written) was the largest single block of a busy sidecar's heap.
-pub const FLUSH_AT: usize = 32 * 1024;
+const FLUSH_AT: usize = 32 * 1024;
 
 /// What a buffer starts with and what the spare is cut back to after a backlog, so a burst
 /// while stdout was slow does not stay resident.
@@ -163,14 +163,14 @@ const KEEP: usize = 2 * FLUSH_AT;
 /// Two buffers that trade places: lines fill one while the writer empties the other, and the
 /// emptied one comes back as the spare, so a steady stream allocates nothing.
 #[derive(Default)]
-pub struct LineQueue {
+struct LineQueue {
     lines: Vec<u8>,
     spare: Vec<u8>,
 }
 
 /// What [`LineQueue::push`] did with a line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Pushed {
+enum Pushed {
     Queued,
     /// Queued, and the queue has just reached [`FLUSH_AT`]: wake the writer.
     QueuedWake,
@@ -179,7 +179,7 @@ pub enum Pushed {
 }
 
 impl LineQueue {
-    pub fn push(&mut self, line: &[u8]) -> Pushed {
+    fn push(&mut self, line: &[u8]) -> Pushed {
         let before = self.lines.len();
         if before + line.len() > MAX_BUFFERED {
             return Pushed::Dropped;
@@ -195,18 +195,18 @@ impl LineQueue {
         }
     }
 
-    pub fn queued(&self) -> usize {
+    fn queued(&self) -> usize {
         self.lines.len()
     }
 
     /// Everything queued, for the writer; the spare takes its place.
-    pub fn take(&mut self) -> Vec<u8> {
+    fn take(&mut self) -> Vec<u8> {
         let spare = std::mem::take(&mut self.spare);
         std::mem::replace(&mut self.lines, spare)
     }
 
     /// A written buffer back, emptied, as the next spare.
-    pub fn give_back(&mut self, mut buf: Vec<u8>) {
+    fn give_back(&mut self, mut buf: Vec<u8>) {
         buf.clear();
         buf.shrink_to(KEEP);
         if buf.capacity() > self.spare.capacity() {

@@ -211,6 +211,28 @@ mod tests {
         resumed
     }
 
+    /// The files `certgen` wrote for workload `name` under `dir`.
+    fn files(dir: &std::path::Path, name: &str) -> IdentityPaths {
+        IdentityPaths {
+            cert: dir.join(format!("{name}.crt")),
+            key: dir.join(format!("{name}.key")),
+            ca: dir.join("ca.crt"),
+        }
+    }
+
+    /// Payments, serving `ports` with either protocol.
+    fn payments_spec(dir: &std::path::Path, ports: &[u16]) -> IdentitySpec {
+        IdentitySpec {
+            files: Some(files(dir, "payments")),
+            trust_domain: "aether.local".into(),
+            served: ports
+                .iter()
+                .map(|&p| (p, ServerAlpn::ClientFirst))
+                .collect(),
+            sources: vec![],
+        }
+    }
+
     /// The server sends one session ticket per handshake, full or resumed: the client keeps
     /// only the latest per endpoint and port, so a second one would be wasted work each time.
     #[tokio::test]
@@ -225,23 +247,13 @@ mod tests {
             Workload::parse("default/frontend").unwrap(),
         ];
         certgen::generate(dir.path(), "aether.local", &ws).unwrap();
-        let paths = |name: &str| IdentityPaths {
-            cert: dir.path().join(format!("{name}.crt")),
-            key: dir.path().join(format!("{name}.key")),
-            ca: dir.path().join("ca.crt"),
-        };
-        let spec = IdentitySpec {
-            files: Some(paths("payments")),
-            trust_domain: "aether.local".into(),
-            served: vec![(8080, ServerAlpn::ClientFirst)],
-            sources: vec![],
-        };
+        let spec = payments_spec(dir.path(), &[8080]);
         let acceptor = Contexts::build(&spec)
             .unwrap()
             .acceptor(8080)
             .unwrap()
             .clone();
-        let p = paths("frontend");
+        let p = files(dir.path(), "frontend");
         let me = crate::identity::Identity::load(&p.cert, &p.key, &p.ca, "aether.local").unwrap();
 
         // A plain client that counts every session it is handed.
@@ -290,20 +302,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let w = Workload::parse("default/payments").unwrap();
         certgen::generate(dir.path(), "aether.local", &[w]).unwrap();
-        let spec = IdentitySpec {
-            files: Some(IdentityPaths {
-                cert: dir.path().join("payments.crt"),
-                key: dir.path().join("payments.key"),
-                ca: dir.path().join("ca.crt"),
-            }),
-            trust_domain: "aether.local".into(),
-            served: vec![
-                (8080, ServerAlpn::ClientFirst),
-                (9090, ServerAlpn::ClientFirst),
-            ],
-            sources: vec![],
-        };
-        let contexts = Contexts::build(&spec).unwrap();
+        let contexts = Contexts::build(&payments_spec(dir.path(), &[8080, 9090])).unwrap();
         assert!(contexts.acceptor(7777).is_none());
         assert!(
             !handshake(&contexts, 8080, 8080).await,

@@ -152,10 +152,10 @@ pub struct Sessions(Mutex<HashMap<SessionKey, Resumption>>);
 
 /// What the client remembers of its last handshake with one endpoint and port.
 #[derive(Clone)]
-pub struct Resumption {
-    pub session: SslSession,
+struct Resumption {
+    session: SslSession,
     /// The key-exchange group the server chose (an IANA group id).
-    pub group: Option<u16>,
+    group: Option<u16>,
 }
 
 impl Sessions {
@@ -163,7 +163,7 @@ impl Sessions {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn get(&self, key: &SessionKey) -> Option<Resumption> {
+    fn get(&self, key: &SessionKey) -> Option<Resumption> {
         self.map().get(key).cloned()
     }
 

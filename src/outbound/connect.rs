@@ -397,25 +397,25 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
 
-        // One connection per step, all to the same endpoint and port; the server's groups change
-        // between steps as an upgraded or differently configured peer's would.
-        // (server groups, key shares of the first ClientHello, group agreed, resumed)
-        let steps: [(&str, &[u16], u16, bool); 4] = [
-            // First contact: BoringSSL's two shares, one post-quantum and one classical.
-            (tls::CURVES, &[MLKEM, X25519], MLKEM, false),
-            // Then only the group the server chose, on a resumed handshake.
-            (tls::CURVES, &[MLKEM], MLKEM, true),
-            // The server now takes P-256 only: a HelloRetryRequest, and the connection works.
-            ("P-256", &[MLKEM], P256, false),
-            // From then on P-256 alone.
-            ("P-256", &[P256], P256, true),
-        ];
         // One server context per set of groups, so its session tickets stay valid.
         let seen = Seen::default();
         let mesh = recording_acceptor(&server_id, tls::CURVES, seen.clone());
         let p256 = recording_acceptor(&server_id, "P-256", seen.clone());
-        for (i, (groups, want, group, resumed)) in steps.into_iter().enumerate() {
-            let acceptor = if groups == "P-256" { &p256 } else { &mesh };
+
+        // One connection per step, all to the same endpoint and port; the server's groups change
+        // between steps as an upgraded or differently configured peer's would.
+        // (server, key shares of the first ClientHello, group agreed, resumed)
+        let steps: [(&boring::ssl::SslAcceptor, &[u16], u16, bool); 4] = [
+            // First contact: BoringSSL's two shares, one post-quantum and one classical.
+            (&mesh, &[MLKEM, X25519], MLKEM, false),
+            // Then only the group the server chose, on a resumed handshake.
+            (&mesh, &[MLKEM], MLKEM, true),
+            // The server now takes P-256 only: a HelloRetryRequest, and the connection works.
+            (&p256, &[MLKEM], P256, false),
+            // From then on P-256 alone.
+            (&p256, &[P256], P256, true),
+        ];
+        for (i, (acceptor, want, group, resumed)) in steps.into_iter().enumerate() {
             let (tcp, _) = tokio::join!(
                 async {
                     let (tcp, _) = listener.accept().await.unwrap();

@@ -97,11 +97,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Tls<S> {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        let mut pieces = bufs.iter().filter(|b| !b.is_empty());
+        let mut pieces = bufs.iter().filter(|b| !b.is_empty()).peekable();
         let Some(first) = pieces.next() else {
             return Poll::Ready(Ok(0));
         };
-        if first.len() >= RECORD || bufs.iter().filter(|b| !b.is_empty()).count() == 1 {
+        if first.len() >= RECORD || pieces.peek().is_none() {
             return Pin::new(&mut self.inner).poll_write(cx, first);
         }
         GATHER.with(|g| {
@@ -197,7 +197,7 @@ impl Spliced {
 /// Each direction's copy buffer: one read fills a whole TLS record (16 KiB of plaintext), so a
 /// TLS side writes full records, one syscall each. Tokio's default (8 KiB) made two records of
 /// every 16 KiB, doubling the per-record sealing and the syscalls.
-pub const SPLICE_BUFFER: usize = 16 * 1024;
+pub const SPLICE_BUFFER: usize = RECORD;
 
 /// Copies bytes both ways until both sides are done (half-close respected: each write side is
 /// shut down when the other side's read ends), an error, `idle` without a byte either way
@@ -312,16 +312,8 @@ mod tests {
         Tls<ReadAhead<TcpStream>>,
         tokio_boring::SslStream<TcpStream>,
     ) {
-        use boring::pkey::PKey;
-        use boring::ssl::{SslAcceptor, SslConnector, SslMethod, SslVerifyMode};
-        use boring::x509::X509;
-        let ck = rcgen::generate_simple_self_signed(vec!["payments".into()]).unwrap();
-        let mut b = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls()).unwrap();
-        b.set_certificate(&X509::from_der(ck.cert.der()).unwrap())
-            .unwrap();
-        b.set_private_key(&PKey::private_key_from_pkcs8(&ck.signing_key.serialize_der()).unwrap())
-            .unwrap();
-        let acceptor = b.build();
+        use boring::ssl::{SslConnector, SslMethod, SslVerifyMode};
+        let acceptor = read_ahead::tests::self_signed_acceptor();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let client = tokio::spawn(async move {

@@ -161,7 +161,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for ReadAhead<S> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::inbound::chain::{classify_sni, SniKind};
     use crate::inbound::clienthello;
@@ -297,7 +297,8 @@ mod tests {
         assert_eq!(near.buf.capacity(), 0, "no buffer was taken");
     }
 
-    fn self_signed_acceptor() -> SslAcceptor {
+    /// A server context with a fresh self-signed leaf (also used by `sockets`' own tests).
+    pub(in crate::sockets) fn self_signed_acceptor() -> SslAcceptor {
         let ck =
             rcgen::generate_simple_self_signed(vec!["payments.aether.internal".into()]).unwrap();
         let cert = X509::from_der(ck.cert.der()).unwrap();
