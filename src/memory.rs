@@ -1,4 +1,5 @@
-//! Giving freed memory back to the system after catalog churn.
+//! Keeping the allocator's footprint small: one malloc arena per worker thread, and freed
+//! memory given back to the system after catalog churn.
 //!
 //! A catalog update frees the previous services and clusters while requests allocate on
 //! other threads; glibc keeps most of the freed space in per-thread arenas, so a sidecar that
@@ -36,3 +37,20 @@ fn trim() {
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn trim() {}
+
+/// Caps glibc's malloc arenas at one per worker thread, set before any thread starts. glibc
+/// otherwise gives each thread that allocates (workers, the access-log writer, the watchers,
+/// the admin thread) an arena of its own, and each keeps the free space of its busiest moment:
+/// a one-worker sidecar's peak RSS under load was 0.6-0.8 MiB higher. Workers still get an
+/// arena each, so they do not contend; the helper threads share.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+pub fn limit_arenas(workers: usize) {
+    let n = libc::c_int::try_from(workers.max(1)).unwrap_or(libc::c_int::MAX);
+    // SAFETY: mallopt only sets a tunable of the allocator; no thread is allocating yet.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, n);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+pub fn limit_arenas(_workers: usize) {}

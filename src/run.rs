@@ -125,6 +125,12 @@ fn init_logging() -> SetLogFilter {
 
 /// `aether-proxy run`.
 pub fn main(path: &Path, concurrency: Option<usize>) -> ExitCode {
+    let workers = concurrency.filter(|n| *n > 0).unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
+    crate::memory::limit_arenas(workers);
     let set_log_filter = init_logging();
     let (cfg, catalog) = match load(path) {
         Ok(v) => v,
@@ -135,11 +141,6 @@ pub fn main(path: &Path, concurrency: Option<usize>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let workers = concurrency.filter(|n| *n > 0).unwrap_or_else(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-    });
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)
         .thread_name("aether-worker")

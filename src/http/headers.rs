@@ -196,14 +196,25 @@ pub fn drop_underscored_counted(h: &mut HeaderMap, direction: crate::metrics::Di
 
 /// Adds `x-request-id` (a UUID) when absent; returns the request's id.
 pub fn ensure_request_id(h: &mut HeaderMap) -> HeaderValue {
-    if let Some(v) = h.get(X_REQUEST_ID) {
+    if let Some(v) = h.get_mut(X_REQUEST_ID) {
+        never_indexed(v);
         return v.clone();
     }
     let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
     let id = uuid::Uuid::new_v4().hyphenated().encode_lower(&mut buf);
-    let v = HeaderValue::from_str(id).expect("a UUID is a valid header value");
+    let mut v = HeaderValue::from_str(id).expect("a UUID is a valid header value");
+    never_indexed(&mut v);
     h.insert(X_REQUEST_ID, v.clone());
     v
+}
+
+/// Keeps a value that is new on every request (`x-request-id`, `traceparent`) out of HPACK's
+/// dynamic tables on each h2 hop. Indexed, each one took a table slot that no later request
+/// could use and pushed out the headers that repeat (authority, user agent, XFCC), which then
+/// went out again as Huffman-coded literals. Only HPACK reads the flag; HTTP/1.1 writes the
+/// value as before.
+pub fn never_indexed(v: &mut HeaderValue) {
+    v.set_sensitive(true);
 }
 
 /// `By=<own id>;Hash=<hex sha256 of the peer leaf>;URI=<peer id>`, each value quoted when it
@@ -442,10 +453,13 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(X_REQUEST_ID, HeaderValue::from_static("abc"));
         assert_eq!(ensure_request_id(&mut h), "abc");
+        // Forwarded or made, the id is unique to the request: never indexed by HPACK.
+        assert!(h.get(X_REQUEST_ID).unwrap().is_sensitive());
         let mut h = HeaderMap::new();
         let v = ensure_request_id(&mut h);
         assert!(uuid::Uuid::parse_str(v.to_str().unwrap()).is_ok());
         assert_eq!(h.get(X_REQUEST_ID), Some(&v));
+        assert!(h.get(X_REQUEST_ID).unwrap().is_sensitive());
     }
 
     #[test]

@@ -96,7 +96,10 @@ impl TraceParent {
     }
 
     pub fn to_header(&self) -> HeaderValue {
-        HeaderValue::from_bytes(&self.encode()).expect("hex and dashes are a valid header value")
+        let mut v = HeaderValue::from_bytes(&self.encode())
+            .expect("hex and dashes are a valid header value");
+        crate::http::headers::never_indexed(&mut v);
+        v
     }
 }
 

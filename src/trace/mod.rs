@@ -40,6 +40,11 @@ impl Tracer {
     /// are never touched.
     pub fn start(&self, headers: &mut HeaderMap, side: Side) -> RequestTrace {
         let incoming = TraceParent::from_headers(headers);
+        if incoming.is_some() {
+            if let Some(v) = headers.get_mut(TRACEPARENT) {
+                crate::http::headers::never_indexed(v);
+            }
+        }
         let (tp, created) = match (incoming, side) {
             (Some(tp), _) => (tp, false),
             (None, Side::Server) => return RequestTrace::default(),
@@ -204,6 +209,24 @@ mod tests {
         assert_eq!(h.get_all(TRACEPARENT).iter().count(), 1);
         let made = TraceParent::from_headers(&h).expect("one valid traceparent");
         assert_ne!(made, TraceParent::parse(GOOD.as_bytes()).unwrap());
+    }
+
+    #[test]
+    fn forwarded_values_stay_out_of_hpack_tables() {
+        // Passed on (either side), or written here: each request's own value, never indexed.
+        for (side, incoming) in [
+            (Side::Client, &[GOOD][..]),
+            (Side::Server, &[GOOD][..]),
+            (Side::Client, &[][..]),
+        ] {
+            let mut h = headers(incoming);
+            Tracer::new(0.0, None).start(&mut h, side);
+            assert!(h.get(TRACEPARENT).unwrap().is_sensitive(), "{side:?}");
+        }
+        // A value this proxy does not pass on as a trace is left as it came.
+        let mut h = headers(&["00-xyz"]);
+        Tracer::new(1.0, None).start(&mut h, Side::Server);
+        assert!(!h.get(TRACEPARENT).unwrap().is_sensitive());
     }
 
     #[test]
