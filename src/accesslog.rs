@@ -9,8 +9,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
-use bytes::Bytes;
-use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use serde::Serialize;
 
@@ -336,7 +334,7 @@ impl RequestLog {
 /// Wraps a response so that, when its body ends, the request is logged and counted and
 /// `guard` (in-flight counters and the like) is released.
 pub fn finish_with<G: Send + Sync + 'static>(
-    resp: http::Response<Either<Incoming, Full<Bytes>>>,
+    resp: http::Response<crate::http::answer::Body>,
     log: RequestLog,
     decided: Decided,
     guard: G,

@@ -4,10 +4,9 @@
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode};
 use http_body_util::{Either, Full};
-use hyper::body::Incoming;
 
 /// A response body: streamed from a peer, or made here.
-pub type Body = Either<Incoming, Full<Bytes>>;
+pub type Body = Either<super::upstream_body::UpBody, Full<Bytes>>;
 
 pub const X_AETHER_ERROR: &str = "x-aether-error";
 

@@ -73,7 +73,9 @@ pub struct Metered<B> {
 /// a retry: hyper's `Incoming` cannot be made anew, and an `Either` costs no allocation).
 pub type ReqBody = Metered<Either<Incoming, Empty<Bytes>>>;
 /// A response body: streamed from a peer, or made here.
-pub type RespBody = Metered<Either<Incoming, Full<Bytes>>>;
+pub type RespBody = Metered<Either<UpBody, Full<Bytes>>>;
+
+pub use super::upstream_body::UpBody;
 
 impl<B> Metered<B> {
     pub fn new(inner: B, bytes: Arc<AtomicU64>) -> Metered<B> {

@@ -1,6 +1,7 @@
 //! HTTP as both listeners speak it: server settings, limits and downstream timers
 //! (`server.rs`, `limits.rs`), metered bodies (`body.rs`), header rules (`headers.rs`), `Expect: 100-continue`
-//! (`expect.rs`), and the proxy's own error answers (`answer.rs`, SPEC section 7).
+//! (`expect.rs`), response bodies from the next hop (`upstream_body.rs`), and the proxy's own
+//! error answers (`answer.rs`, SPEC section 7).
 
 pub mod answer;
 pub mod body;
@@ -8,3 +9,4 @@ pub mod expect;
 pub mod headers;
 pub mod limits;
 pub mod server;
+pub mod upstream_body;

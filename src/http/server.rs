@@ -84,7 +84,7 @@ macro_rules! __serve_until_drained {
         tokio::pin!(conn);
         let closing = $crate::drain::Drain::reached($drain.watch(), $crate::drain::Phase::Closing);
         let r: Result<(), String> = tokio::select! {
-            r = conn.as_mut() => r.map_err(|e| {
+            r = $crate::http::server::Batched::new(conn.as_mut(), Some(&*$requests)) => r.map_err(|e| {
                 let e: Box<dyn std::error::Error + Send + Sync> = e.into();
                 $crate::http::server::count_codec_error($listener, &*e);
                 e.to_string()
@@ -100,6 +100,50 @@ macro_rules! __serve_until_drained {
         };
         r
     }};
+}
+
+/// Polls an HTTP/2 connection one scheduler turn after it was woken. A stream's task wakes
+/// its connection as soon as it queues a head or data; polled at once (tokio runs a task woken
+/// by the running one next), the connection writes and flushes that frame alone: one syscall,
+/// and on TLS one record, per response or request. One turn later, the other streams that were
+/// ready have queued theirs too, and one write carries them all. With `only_if`, batching
+/// starts once that connection is known to be HTTP/2; HTTP/1.1 has one exchange at a time and
+/// nothing to gain from the wait.
+pub struct Batched<'a, F> {
+    inner: F,
+    waited: bool,
+    only_if: Option<&'a ConnRequests>,
+}
+
+impl<'a, F> Batched<'a, F> {
+    pub fn new(inner: F, only_if: Option<&'a ConnRequests>) -> Batched<'a, F> {
+        Batched {
+            inner,
+            waited: false,
+            only_if,
+        }
+    }
+}
+
+impl<F: std::future::Future + Unpin> std::future::Future for Batched<'_, F> {
+    type Output = F::Output;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        let batch = self
+            .only_if
+            .is_none_or(|r| r.multiplexed.load(std::sync::atomic::Ordering::Relaxed));
+        if batch && !self.waited {
+            self.waited = true;
+            // A task that wakes itself goes to the back of the run queue.
+            cx.waker().wake_by_ref();
+            return std::task::Poll::Pending;
+        }
+        self.waited = false;
+        std::pin::Pin::new(&mut self.inner).poll(cx)
+    }
 }
 
 /// Counts a connection the HTTP/2 codec ended with a GOAWAY of its own (a header list far over
@@ -147,6 +191,8 @@ pub struct ConnRequests {
     /// The connection became a tunnel (CONNECT, an upgrade): the splice's idle timer governs
     /// it from then on, not the HTTP timers.
     tunnelled: std::sync::atomic::AtomicBool,
+    /// The HTTP/2 preface arrived: the connection multiplexes streams.
+    multiplexed: std::sync::atomic::AtomicBool,
 }
 
 impl ConnRequests {
@@ -408,6 +454,9 @@ impl<S> Timed<S> {
                 self.seen = Seen::H1;
             } else if matched + k == PREFACE.len() {
                 self.seen = Seen::H2(Frames::default());
+                self.requests
+                    .multiplexed
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
                 rest = &rest[k..];
             } else {
                 self.seen = Seen::Preface(matched + k);

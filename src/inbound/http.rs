@@ -18,7 +18,7 @@ use super::peer::{Peer, TlsStream};
 use crate::accesslog::{self, ConnLog, Decided, RequestLog};
 use crate::drain::{Drain, Phase, Tracker};
 use crate::http::answer::{Body, Reason};
-use crate::http::body::{Activity, ReqBody, RespBody};
+use crate::http::body::{Activity, ReqBody, RespBody, UpBody};
 use crate::http::headers;
 use crate::http::server::{serve_until_drained, ConnRequests, RequestOpen, Servers, Timed, Wire};
 use crate::identity::SpiffeId;
@@ -257,7 +257,7 @@ impl HttpChains {
         })?;
         let Some(to) = upgrade::switched_to(&resp) else {
             headers::strip_hop_by_hop(resp.headers_mut());
-            return Ok((resp.map(Either::Left), None));
+            return Ok((resp.map(|b| Either::Left(UpBody::H1(b))), None));
         };
         let far = hyper::upgrade::on(&mut resp);
         headers::strip_hop_by_hop_upgrading(resp.headers_mut(), to);
@@ -280,16 +280,15 @@ impl HttpChains {
 
     async fn connect_app(&self, port: u16, h2: bool) -> Result<Conn, Reason> {
         let tcp = self.dial_app(port).await?;
-        let io = TokioIo::new(tcp);
         if h2 {
-            let s = pool::handshake_h2(io, ()).await.map_err(|e| {
+            let s = pool::handshake_h2(tcp, ()).await.map_err(|e| {
                 tracing::debug!(port, "inbound: h2c handshake with the app failed: {e}");
                 Reason::UpstreamProtocolError
             })?;
             let stream = self.app_pool.put_h2((port, true), s.clone(), 0);
             Ok(Conn::H2(s, stream))
         } else {
-            let s = pool::handshake_h1(io, ())
+            let s = pool::handshake_h1(TokioIo::new(tcp), ())
                 .await
                 .map_err(|_| Reason::AppUnavailable)?;
             Ok(Conn::H1(s, 0))

@@ -45,12 +45,13 @@ pub enum ConnectError {
         expected: SpiffeId,
         got: Vec<String>,
     },
-    #[error("{protocol} handshake with {addr}: {source}")]
+    #[error("h1 handshake with {addr}: {source}")]
     Http {
         addr: SocketAddr,
-        protocol: &'static str,
         source: hyper::Error,
     },
+    #[error("h2 handshake with {addr}: {source}")]
+    H2 { addr: SocketAddr, source: h2::Error },
     /// An upgrade's connection: the server's chain for the port chose HTTP/2, which has no
     /// HTTP/1.1 upgrades.
     #[error("{addr} serves the port over HTTP/2 only")]
@@ -70,7 +71,8 @@ impl ConnectError {
             | ConnectError::Setup(_)
             | ConnectError::Tls { .. }
             | ConnectError::Timeout { .. }
-            | ConnectError::Http { .. } => Reason::UpstreamConnectFailure,
+            | ConnectError::Http { .. }
+            | ConnectError::H2 { .. } => Reason::UpstreamConnectFailure,
         }
     }
 
@@ -83,6 +85,7 @@ impl ConnectError {
             ConnectError::Setup(_)
             | ConnectError::Identity { .. }
             | ConnectError::Http { .. }
+            | ConnectError::H2 { .. }
             | ConnectError::H2Only { .. }
             | ConnectError::Overflow => None,
         }
@@ -261,7 +264,6 @@ impl Upstream {
             .await
             .map_err(|source| ConnectError::Http {
                 addr: endpoint,
-                protocol: "h1",
                 source,
             })?;
         Ok((s, slot))
@@ -289,13 +291,9 @@ impl Upstream {
         .await?;
         let io = TokioIo::new(tls);
         if io.inner().ssl().selected_alpn_protocol() == Some(ALPN_H2) {
-            let s = pool::handshake_h2(io, slot)
+            let s = pool::handshake_h2(io.into_inner(), slot)
                 .await
-                .map_err(|source| ConnectError::Http {
-                    addr,
-                    protocol: "h2",
-                    source,
-                })?;
+                .map_err(|source| ConnectError::H2 { addr, source })?;
             let stream = self
                 .pool
                 .put_h2(key.clone(), s.clone(), svc.max_requests_per_connection);
@@ -303,11 +301,7 @@ impl Upstream {
         } else {
             let s = pool::handshake_h1(io, slot)
                 .await
-                .map_err(|source| ConnectError::Http {
-                    addr,
-                    protocol: "h1",
-                    source,
-                })?;
+                .map_err(|source| ConnectError::Http { addr, source })?;
             Ok(Conn::H1(s, 0))
         }
     }

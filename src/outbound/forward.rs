@@ -5,7 +5,6 @@
 use std::net::IpAddr;
 
 use http::{Request, Response, Version};
-use hyper::body::Incoming;
 
 use super::cluster::{ActiveGuard, Cluster};
 use super::connect::{ConnectError, PoolKey, Upstream};
@@ -14,7 +13,7 @@ use super::retry::{self, Resend, Tries, MAX_RETRIES};
 use super::route::choose_subset;
 use crate::config::Locality;
 use crate::http::answer::Reason;
-use crate::http::body::ReqBody;
+use crate::http::body::{ReqBody, UpBody};
 use crate::http::headers;
 
 /// What a request holds until its response body ends: its endpoint's in-flight count and its
@@ -43,7 +42,7 @@ pub async fn forward(
     cluster: &Cluster,
     authority: &str,
     src: IpAddr,
-) -> Result<(Response<Incoming>, InFlight), Reason> {
+) -> Result<(Response<UpBody>, InFlight), Reason> {
     let h2_first = req.version() == Version::HTTP_2;
     headers::strip_hop_by_hop(req.headers_mut());
     let subset = choose_subset(&cluster.service, req.headers(), fastrand::u32(..)).cloned();
@@ -67,7 +66,7 @@ async fn attempts(
     authority: &str,
     h2_first: bool,
     src: IpAddr,
-) -> Result<(Response<Incoming>, InFlight), Reason> {
+) -> Result<(Response<UpBody>, InFlight), Reason> {
     let max_uses = cluster.service.max_requests_per_connection;
     let mut req = Some(req);
     // Why the attempt before this one failed (the `reason` of the retry counter).

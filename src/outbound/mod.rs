@@ -11,6 +11,7 @@ pub mod capture;
 pub mod cluster;
 pub mod connect;
 pub mod forward;
+pub mod h2_client;
 pub mod lb;
 pub mod pool;
 pub mod retry;
@@ -34,7 +35,7 @@ use crate::catalog::{CatalogStore, PortProtocol};
 use crate::config::{Config, Egress, Locality};
 use crate::drain::{accept_until_closing, Drain, Phase, Tracker};
 use crate::http::answer::{Body, Reason};
-use crate::http::body::{Activity, ReqBody, RespBody};
+use crate::http::body::{Activity, ReqBody, RespBody, UpBody};
 use crate::http::headers;
 use crate::http::server::{serve_until_drained, ConnRequests, RequestOpen, Servers, Timed, Wire};
 use crate::identity::IdentityStore;
@@ -495,7 +496,7 @@ impl Outbound {
                 out
             }
             Ok(upgrade::Answer::Refused { resp, active }) => Outcome {
-                resp: resp.map(Either::Left),
+                resp: resp.map(|b| Either::Left(UpBody::H1(b))),
                 reason: None,
                 upstream: Some(active.0.address),
                 service: None,

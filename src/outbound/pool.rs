@@ -11,22 +11,18 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use hyper::client::conn::{http1, http2};
+use hyper::client::conn::http1;
 use hyper::rt::{Read, Write};
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-use crate::http::body::ReqBody;
-use crate::http::limits::{
-    H2_CONNECTION_WINDOW, H2_KEEPALIVE, H2_MAX_FRAME, H2_MAX_HEADER_LIST, H2_STREAM_WINDOW,
-    HYPER_MAX_BUF, UPSTREAM_IDLE_TIMEOUT as IDLE_TIMEOUT,
-};
+use super::h2_client::H2SendError;
+pub use super::h2_client::{handshake as handshake_h2, H2};
+use crate::http::body::{ReqBody, UpBody};
+use crate::http::limits::{HYPER_MAX_BUF, UPSTREAM_IDLE_TIMEOUT as IDLE_TIMEOUT};
 
 pub type H1 = http1::SendRequest<ReqBody>;
-pub type H2 = http2::SendRequest<ReqBody>;
 
-/// Streams one pooled HTTP/2 connection carries before another is opened. The peer's own
-/// SETTINGS limit is hidden by hyper; 100 is the floor RFC 9113 asks every peer to allow, so
-/// requests never queue behind a smaller peer limit.
+/// Streams one pooled HTTP/2 connection carries before another is opened. 100 is the floor
+/// RFC 9113 asks every peer to allow, so requests never queue behind a smaller peer limit.
 pub const H2_STREAMS_PER_CONN: u32 = 100;
 
 /// Use counts of one pooled HTTP/2 connection.
@@ -245,7 +241,23 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
 pub enum SendError {
     /// The connection was gone before the request went out: safe to retry elsewhere.
     NotSent(Box<http::Request<ReqBody>>),
-    Failed(hyper::Error),
+    Failed(Failed),
+}
+
+/// How an exchange that had started broke, as the client that carried it reports it.
+#[derive(Debug)]
+pub enum Failed {
+    H1(hyper::Error),
+    H2(h2::Error),
+}
+
+impl std::fmt::Display for Failed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failed::H1(e) => e.fmt(f),
+            Failed::H2(e) => e.fmt(f),
+        }
+    }
 }
 
 impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
@@ -258,28 +270,26 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
         conn: Conn,
         mut req: http::Request<ReqBody>,
         max_uses: u32,
-    ) -> Result<(http::Response<hyper::body::Incoming>, Option<StreamGuard>), SendError> {
+    ) -> Result<(http::Response<UpBody>, Option<StreamGuard>), SendError> {
         let gate = req.body().continue_gate().cloned();
         crate::http::expect::arm(&mut req, gate, matches!(conn, Conn::H2(..)));
         let unsent = |mut e: hyper::client::conn::TrySendError<http::Request<ReqBody>>| match e
             .take_message()
         {
             Some(r) => SendError::NotSent(Box::new(r)),
-            None => SendError::Failed(e.into_error()),
+            None => SendError::Failed(Failed::H1(e.into_error())),
         };
         match conn {
             Conn::H1(mut s, uses) => {
                 let resp = s.try_send_request(req).await.map_err(unsent)?;
                 self.put_h1_when_ready(key.clone(), s, uses + 1, max_uses);
-                Ok((resp, None))
+                Ok((resp.map(UpBody::H1), None))
             }
-            Conn::H2(mut s, guard) => {
-                if s.ready().await.is_err() {
-                    return Err(SendError::NotSent(Box::new(req)));
-                }
-                let resp = s.try_send_request(req).await.map_err(unsent)?;
-                Ok((resp, Some(guard)))
-            }
+            Conn::H2(mut s, guard) => match s.send(req).await {
+                Ok(resp) => Ok((resp.map(UpBody::H2), Some(guard))),
+                Err(H2SendError::NotSent(req)) => Err(SendError::NotSent(req)),
+                Err(H2SendError::Failed(e)) => Err(SendError::Failed(Failed::H2(e))),
+            },
         }
     }
 }
@@ -307,32 +317,6 @@ where
     Ok(send)
 }
 
-/// Starts an HTTP/2 client connection on `io`, with Envoy's flow-control windows; `held` lives
-/// as long as the connection.
-pub async fn handshake_h2<T, G>(io: T, held: G) -> hyper::Result<H2>
-where
-    T: Read + Write + Unpin + Send + 'static,
-    G: Send + 'static,
-{
-    let (send, conn) = http2::Builder::new(TokioExecutor::new())
-        .timer(TokioTimer::new())
-        .initial_stream_window_size(H2_STREAM_WINDOW)
-        .initial_connection_window_size(H2_CONNECTION_WINDOW)
-        .max_frame_size(H2_MAX_FRAME)
-        .max_header_list_size(H2_MAX_HEADER_LIST)
-        .keep_alive_interval(H2_KEEPALIVE)
-        .keep_alive_while_idle(false)
-        .handshake(io)
-        .await?;
-    tokio::spawn(async move {
-        if let Err(e) = conn.await {
-            tracing::debug!("upstream h2 connection ended: {e}");
-        }
-        drop(held);
-    });
-    Ok(send)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -350,14 +334,16 @@ mod tests {
                             http_body_util::Empty::<bytes::Bytes>::new(),
                         ))
                     });
-                    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(tcp), svc)
-                        .await;
+                    let _ = hyper::server::conn::http2::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    )
+                    .serve_connection(TokioIo::new(tcp), svc)
+                    .await;
                 });
             }
         });
         let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-        handshake_h2(TokioIo::new(tcp), ()).await.unwrap()
+        handshake_h2(tcp, ()).await.unwrap()
     }
 
     #[tokio::test]

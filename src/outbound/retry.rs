@@ -120,8 +120,15 @@ impl Failure {
     }
 }
 
-/// Reads hyper's error for what happened to the request.
-pub fn classify(e: &hyper::Error) -> Failure {
+/// Reads the client's error for what happened to the request.
+pub fn classify(e: &super::pool::Failed) -> Failure {
+    match e {
+        super::pool::Failed::H1(e) => classify_hyper(e),
+        super::pool::Failed::H2(e) => classify_h2(e),
+    }
+}
+
+fn classify_hyper(e: &hyper::Error) -> Failure {
     let mut source = e.source();
     while let Some(s) = source {
         if let Some(h2) = s.downcast_ref::<h2::Error>() {
