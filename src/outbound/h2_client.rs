@@ -202,7 +202,8 @@ mod tests {
     use tokio::net::{TcpListener, TcpStream};
 
     /// An h2c server (hyper's) that answers with the request's body and, after it, the
-    /// request's trailers plus `x-seen`; its stream window is small, so a body of any size
+    /// request's trailers plus `x-seen`; `x-ended-with-head` says whether the request's
+    /// HEADERS frame carried END_STREAM; its stream window is small, so a body of any size
     /// has to wait for window updates.
     async fn echo_server(window: u32) -> std::net::SocketAddr {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -212,6 +213,7 @@ mod tests {
                 tokio::spawn(async move {
                     let svc = hyper::service::service_fn(
                         |req: Request<hyper::body::Incoming>| async move {
+                            let head_only = req.body().is_end_stream();
                             let collected = req.into_body().collect().await.unwrap();
                             let mut trailers = collected.trailers().cloned().unwrap_or_default();
                             trailers.insert("x-seen", http::HeaderValue::from_static("yes"));
@@ -220,9 +222,12 @@ mod tests {
                                 Ok::<_, std::convert::Infallible>(Frame::data(data)),
                                 Ok(Frame::trailers(trailers)),
                             ];
-                            Ok::<_, std::convert::Infallible>(Response::new(StreamBody::new(
-                                futures_util::stream::iter(frames),
-                            )))
+                            let mut resp =
+                                Response::new(StreamBody::new(futures_util::stream::iter(frames)));
+                            let v = if head_only { "yes" } else { "no" };
+                            resp.headers_mut()
+                                .insert("x-ended-with-head", http::HeaderValue::from_static(v));
+                            Ok::<_, std::convert::Infallible>(resp)
                         },
                     );
                     let _ = hyper::server::conn::http2::Builder::new(
@@ -238,6 +243,23 @@ mod tests {
         addr
     }
 
+    async fn connect(addr: std::net::SocketAddr) -> H2 {
+        handshake(TcpStream::connect(addr).await.unwrap(), ())
+            .await
+            .unwrap()
+    }
+
+    async fn exchange<B>(h2: &mut H2, body: B) -> Response<H2Body>
+    where
+        B: Body<Data = Bytes> + Send + Unpin + 'static,
+        B::Error: std::fmt::Display + Send,
+    {
+        match h2.send(request(body)).await {
+            Ok(r) => r,
+            Err(_) => panic!("the exchange must succeed"),
+        }
+    }
+
     fn request<B>(body: B) -> Request<B> {
         Request::builder()
             .method("POST")
@@ -250,10 +272,7 @@ mod tests {
     /// the response's own body and trailers come back through `H2Body`.
     #[tokio::test]
     async fn a_body_is_paced_by_the_peers_window_and_trailers_go_both_ways() {
-        let addr = echo_server(1024).await;
-        let mut h2 = handshake(TcpStream::connect(addr).await.unwrap(), ())
-            .await
-            .unwrap();
+        let mut h2 = connect(echo_server(1024).await).await;
         let payload: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
         let mut trailers = http::HeaderMap::new();
         trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
@@ -263,11 +282,9 @@ mod tests {
             .chain(std::iter::once(Ok(Frame::trailers(trailers))))
             .collect();
         let body = StreamBody::new(futures_util::stream::iter(chunks));
-        let resp = match h2.send(request(body)).await {
-            Ok(r) => r,
-            Err(_) => panic!("the exchange must succeed"),
-        };
+        let resp = exchange(&mut h2, body).await;
         assert_eq!(resp.status(), 200);
+        assert_eq!(resp.headers()["x-ended-with-head"], "no");
         let got = resp.into_body().collect().await.unwrap();
         let t = got.trailers().cloned().expect("the response's trailers");
         assert_eq!(
@@ -282,17 +299,13 @@ mod tests {
     /// empty DATA frame): the peer sees an empty body that is at its end.
     #[tokio::test]
     async fn a_bodyless_request_ends_with_its_head() {
-        let addr = echo_server(65_535).await;
-        let mut h2 = handshake(TcpStream::connect(addr).await.unwrap(), ())
-            .await
-            .unwrap();
-        let resp = match h2
-            .send(request(http_body_util::Empty::<Bytes>::new()))
-            .await
-        {
-            Ok(r) => r,
-            Err(_) => panic!("the exchange must succeed"),
-        };
+        let mut h2 = connect(echo_server(65_535).await).await;
+        let resp = exchange(&mut h2, http_body_util::Empty::<Bytes>::new()).await;
+        assert_eq!(
+            resp.headers()["x-ended-with-head"],
+            "yes",
+            "END_STREAM must be on the HEADERS frame"
+        );
         let got = resp.into_body().collect().await.unwrap();
         assert!(got.to_bytes().is_empty());
     }
