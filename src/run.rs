@@ -141,12 +141,17 @@ pub fn main(path: &Path, concurrency: Option<usize>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .thread_name("aether-worker")
-        .enable_all()
-        .build()
-    {
+    // One worker: the current-thread scheduler. Accept loops and connections then share the one
+    // thread (the multi-thread scheduler keeps `block_on` on the main thread and wakes across),
+    // and no work-stealing queue sits between a wake and its poll. linkerd2-proxy does the same.
+    let mut builder = if workers == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(workers);
+        b
+    };
+    let rt = match builder.thread_name("aether-worker").enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");
