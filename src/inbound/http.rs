@@ -63,7 +63,9 @@ impl HttpChains {
                 let open = requests.start();
                 let this = this.clone();
                 let conn = conn.clone();
-                async move { Ok::<_, Infallible>(this.request(req, &conn, open).await) }
+                // Boxed: the request's future is about 4 KiB, and hyper moves what this returns
+                // several times on its way into a task; a box moves as one pointer.
+                Box::pin(async move { Ok::<_, Infallible>(this.request(req, &conn, open).await) })
             })
         };
         let wire = match codec {
