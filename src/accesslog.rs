@@ -280,11 +280,7 @@ impl RequestLog {
                 code: d.status,
             })
             .inc();
-        m.duration
-            .get_or_create(&metrics::DirectionLabels {
-                direction: self.direction,
-            })
-            .observe(elapsed.as_secs_f64());
+        m.duration(self.direction).observe(elapsed.as_secs_f64());
         let (mut trace_hex, mut span_hex) = ([0u8; 32], [0u8; 16]);
         let trace_id = self.trace.trace_id.map(|t| {
             hex_into(&t, &mut trace_hex);

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
+use foldhash::fast::RandomState;
 
 use super::route::cluster_name;
 use crate::catalog::{Catalog, CatalogStore, Endpoint, Labels, Service};
@@ -203,10 +204,10 @@ impl Cluster {
 #[derive(Default, Clone)]
 struct ClusterMap {
     version: u64,
-    by_service: HashMap<Arc<str>, Arc<PortClusters>>,
+    by_service: HashMap<Arc<str>, Arc<PortClusters>, RandomState>,
 }
 
-type PortClusters = HashMap<u16, Arc<Cluster>>;
+type PortClusters = HashMap<u16, Arc<Cluster>, RandomState>;
 
 impl ClusterMap {
     fn lookup(&self, service: &str, port: u16) -> Option<Arc<Cluster>> {
@@ -307,7 +308,7 @@ impl Clusters {
         }
         let mut next = ClusterMap {
             version: catalog.version,
-            by_service: HashMap::new(),
+            by_service: HashMap::default(),
         };
         for (service, ports) in current.by_service.iter() {
             let Some(svc) = catalog.services.get(&**service) else {

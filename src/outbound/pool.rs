@@ -93,13 +93,15 @@ impl DialTurn {
 }
 
 pub struct Pool<K> {
-    map: Mutex<HashMap<K, Slot>>,
+    // Looked up on every request with a key holding an identity string: SipHash cost more
+    // than the rest of the lookup.
+    map: Mutex<HashMap<K, Slot, foldhash::fast::RandomState>>,
 }
 
 impl<K: Hash + Eq + Clone + Send + Sync + 'static> Default for Pool<K> {
     fn default() -> Self {
         Pool {
-            map: Mutex::new(HashMap::new()),
+            map: Mutex::new(HashMap::default()),
         }
     }
 }
