@@ -56,17 +56,15 @@ impl HttpChains {
         });
         let drain = self.drain.clone();
         let requests = Arc::new(ConnRequests::default());
-        let svc = {
+        let request = {
             let this = self.clone();
             let requests = requests.clone();
-            service_fn(move |req| {
+            move |req| {
                 let open = requests.start();
                 let this = this.clone();
                 let conn = conn.clone();
-                // Boxed: the request's future is about 4 KiB, and hyper moves what this returns
-                // several times on its way into a task; a box moves as one pointer.
-                Box::pin(async move { Ok::<_, Infallible>(this.request(req, &conn, open).await) })
-            })
+                async move { Ok::<_, Infallible>(this.request(req, &conn, open).await) }
+            }
         };
         let wire = match codec {
             HttpCodec::H2 => Wire::H2,
@@ -77,14 +75,22 @@ impl HttpChains {
         let s = &self.servers;
         let result = match codec {
             HttpCodec::H2 => {
+                // Boxed on HTTP/2 only: hyper spawns each stream's future (about 4 KiB) as a task
+                // and moves it several times on the way; a box moves as one pointer. HTTP/1.1
+                // polls it in place, where a box would only add an allocation.
+                let svc = service_fn(move |req| Box::pin(request(req)));
                 serve_until_drained!(s.h2.serve_connection(io, svc), drain, requests, "inbound")
             }
             HttpCodec::H1 => {
-                let conn = s.h1.serve_connection(io, svc).with_upgrades();
+                let conn =
+                    s.h1.serve_connection(io, service_fn(request))
+                        .with_upgrades();
                 serve_until_drained!(conn, drain, requests, "inbound")
             }
             HttpCodec::Sniff => {
-                let conn = s.auto.serve_connection_with_upgrades(io, svc);
+                let conn = s
+                    .auto
+                    .serve_connection_with_upgrades(io, service_fn(request));
                 serve_until_drained!(conn, drain, requests, "inbound")
             }
         };

@@ -223,10 +223,7 @@ impl Outbound {
             service_fn(move |req| {
                 let open = requests.start();
                 let this = this.clone();
-                // Boxed: see `inbound::http`; hyper moves what this returns several times.
-                Box::pin(async move {
-                    Ok::<_, Infallible>(this.request(req, src, captured_port, open).await)
-                })
+                async move { Ok::<_, Infallible>(this.request(req, src, captured_port, open).await) }
             })
         };
         let io = TokioIo::new(Timed::new(tcp, requests.clone(), "outbound", Wire::Sniff));
