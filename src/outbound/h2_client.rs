@@ -157,6 +157,13 @@ where
             }
             Err(reset) => {
                 tracing::debug!(?reset, "upstream reset the stream while the body was sent");
+                if reset == Some(h2::Reason::NO_ERROR) {
+                    // The upstream answered in full and wants no more of the body (RFC 9113
+                    // section 8.1). Dropping the body would reset the downstream stream at
+                    // once, and that reset can overtake the response still on its way there
+                    // (the client sees a reset, no answer); so the rest is read and dropped.
+                    discard(body).await;
+                }
                 return;
             }
         };
@@ -190,6 +197,28 @@ where
             return;
         }
     }
+}
+
+/// How much of a request body the upstream declined is read and dropped before the downstream
+/// stream is reset after all: enough for the response to get ahead, not a whole upload.
+const DISCARD_BYTES: usize = 1 << 20;
+const DISCARD_TIME: Duration = Duration::from_secs(10);
+
+async fn discard<B>(mut body: B)
+where
+    B: Body<Data = Bytes> + Unpin,
+{
+    let mut left = DISCARD_BYTES;
+    let _ = tokio::time::timeout(DISCARD_TIME, async {
+        while let Some(Ok(frame)) = poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+            let n = frame.data_ref().map_or(0, |d| d.len());
+            match left.checked_sub(n) {
+                Some(l) => left = l,
+                None => return,
+            }
+        }
+    })
+    .await;
 }
 
 #[cfg(test)]
@@ -293,6 +322,46 @@ mod tests {
         );
         assert_eq!(t["x-seen"], "yes");
         assert_eq!(got.to_bytes(), Bytes::from(payload));
+    }
+
+    /// An upstream that answers without reading the body resets the stream with NO_ERROR
+    /// (RFC 9113 section 8.1). The pump keeps reading the downstream body to its end instead of
+    /// dropping it, since dropping it resets the downstream stream, which could overtake the
+    /// response on its way there.
+    #[tokio::test]
+    async fn a_body_the_upstream_declined_is_read_to_its_end() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let svc = hyper::service::service_fn(|req: Request<hyper::body::Incoming>| {
+                drop(req);
+                async { Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::new()))) }
+            });
+            let _ = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
+                .await;
+        });
+        let mut h2 = connect(addr).await;
+        let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(1);
+        let chunks = futures_util::stream::unfold(rx, |mut rx| async move {
+            let chunk = rx.recv().await?;
+            Some((Ok::<_, std::convert::Infallible>(Frame::data(chunk)), rx))
+        });
+        tx.send(Bytes::from_static(b"first")).await.unwrap();
+        let resp = exchange(&mut h2, StreamBody::new(Box::pin(chunks))).await;
+        assert_eq!(resp.status(), 200);
+        // Time for the upstream's reset to reach the pump.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        for _ in 0..3 {
+            let sent =
+                tokio::time::timeout(Duration::from_secs(2), tx.send(Bytes::from_static(b"more")))
+                    .await;
+            assert!(
+                matches!(sent, Ok(Ok(()))),
+                "the rest of the body is still read after the upstream's NO_ERROR reset"
+            );
+        }
     }
 
     /// A request without a body goes out as one HEADERS frame with END_STREAM (no task, no
