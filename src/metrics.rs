@@ -536,3 +536,28 @@ pub fn classic_text(openmetrics: &str) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The handles `duration()` returns are the exported series themselves, one per direction
+    /// (a detached copy would still let the pre-created series show up, at zero).
+    #[test]
+    fn duration_handles_feed_the_exported_series() {
+        let m = Metrics::new();
+        m.duration(Direction::outbound).observe(0.002);
+        m.duration(Direction::outbound).observe(0.003);
+        m.duration(Direction::inbound).observe(0.5);
+        let text = m.encode();
+        let count = |dir: &str| {
+            let key = format!("aether_request_duration_seconds_count{{direction=\"{dir}\"}} ");
+            text.lines()
+                .find_map(|l| l.strip_prefix(key.as_str()))
+                .unwrap_or_else(|| panic!("no {key} in:\n{text}"))
+                .to_string()
+        };
+        assert_eq!(count("outbound"), "2");
+        assert_eq!(count("inbound"), "1");
+    }
+}
