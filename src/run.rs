@@ -180,7 +180,8 @@ async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, Start
     }
     .map_err(err("socket"))?;
     sock.set_reuseaddr(true).map_err(err("socket"))?;
-    sock.set_nodelay(true).ok();
+    // Accepted connections inherit these: the data path sets nothing per connection.
+    crate::sockets::tune_listener(&sock);
     sock.bind(addr).map_err(err("cannot bind"))?;
     sock.listen(1024).map_err(err("cannot listen"))
 }

@@ -98,7 +98,7 @@ impl Inbound {
 
     async fn connection(self: Arc<Self>, tcp: TcpStream, addr: SocketAddr) {
         let _active = metrics::ActiveConnection::new("inbound");
-        crate::sockets::tune(&tcp);
+        // Keepalive and TCP_NODELAY came from the listener (`sockets::tune_listener`).
         let mut pending = self.handshakes.enter();
         let accepted = tokio::select! {
             a = self.handshake(tcp, addr) => a,

@@ -169,7 +169,7 @@ impl Outbound {
         listen: Option<SocketAddr>,
     ) {
         let _active = metrics::ActiveConnection::new("outbound");
-        crate::sockets::tune(&tcp);
+        // Keepalive and TCP_NODELAY came from the listener (`sockets::tune_listener`).
         // One getsockopt tells an explicit client from a redirected one (SPEC section 10).
         if let Some(dst) = listen.and_then(|l| capture::redirected(&tcp, l)) {
             // Boxed: the rare path's future stays out of the explicit client's.
