@@ -401,7 +401,17 @@ pub struct Timed<S> {
     sleep: std::pin::Pin<Box<tokio::time::Sleep>>,
     /// The 431 answer to an oversized HTTP/1 head, once there is one.
     refusal: Option<Refusal>,
+    /// Judges the connection's first bytes, once (see [`Timed::first_bytes`]).
+    first_check: Option<fn(&[u8]) -> bool>,
+    /// Whether the first read still fetches ahead, and what it fetched beyond the codec's ask
+    /// (see [`Timed::read_inner`]).
+    fetch_ahead: bool,
+    fetched: Option<bytes::Bytes>,
 }
+
+/// How much the first read of a sniffed connection fetches: a whole ordinary request head,
+/// or an HTTP/2 client's first flight.
+const FIRST_READ: usize = 4096;
 
 impl<S> Timed<S> {
     pub fn new(
@@ -436,7 +446,20 @@ impl<S> Timed<S> {
             armed: None,
             sleep: Box::pin(tokio::time::sleep(timers.connection_idle)),
             refusal: None,
+            first_check: None,
+            fetch_ahead: matches!(wire, Wire::Sniff),
+            fetched: None,
         }
+    }
+
+    /// A connection that must begin with bytes `check` accepts, within the head timer counted
+    /// from now rather than from the first byte: a captured connection to an HTTP port, which
+    /// is closed (without an answer) when it speaks something else. Judged on the codec's own
+    /// first read, so no extra `peek` per connection.
+    pub fn first_bytes(mut self, check: fn(&[u8]) -> bool) -> Timed<S> {
+        self.first_check = Some(check);
+        self.head_since = Some((0, tokio::time::Instant::now()));
+        self
     }
 
     fn is_h2(&self) -> bool {
@@ -557,6 +580,44 @@ enum Refusal {
 }
 
 impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin> Timed<S> {
+    /// Reads what the first read fetched ahead, then the stream. The codec that sniffs a
+    /// plaintext connection first asks for just the 24 bytes of the HTTP/2 preface, and then
+    /// for the rest of the head, two `recv` calls where one does: the first read fetches up to
+    /// `FIRST_READ` and keeps what the codec did not ask for (a short connection's `recv`
+    /// costs more than copying a few hundred bytes).
+    fn read_inner(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        use bytes::Buf;
+        use std::task::Poll;
+        if let Some(fetched) = &mut self.fetched {
+            let k = fetched.len().min(buf.remaining());
+            buf.put_slice(&fetched[..k]);
+            fetched.advance(k);
+            if fetched.is_empty() {
+                self.fetched = None;
+            }
+            return Poll::Ready(Ok(()));
+        }
+        if !self.fetch_ahead || buf.remaining() >= FIRST_READ {
+            self.fetch_ahead = false;
+            return std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        }
+        let mut ahead = [std::mem::MaybeUninit::<u8>::uninit(); FIRST_READ];
+        let mut ahead = tokio::io::ReadBuf::uninit(&mut ahead);
+        std::task::ready!(std::pin::Pin::new(&mut self.inner).poll_read(cx, &mut ahead))?;
+        self.fetch_ahead = false;
+        let got = ahead.filled();
+        let k = got.len().min(buf.remaining());
+        buf.put_slice(&got[..k]);
+        if k < got.len() {
+            self.fetched = Some(bytes::Bytes::copy_from_slice(&got[k..]));
+        }
+        Poll::Ready(Ok(()))
+    }
+
     /// Writes the 431 answer for an oversized HTTP/1 head, reads what the client still sends
     /// for a moment, then fails the read so that hyper closes the connection without answering
     /// again.
@@ -642,16 +703,25 @@ impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin> tokio::io::AsyncRe
             // Never hand the codec more of a head than the limit.
             let room = H1_MAX_HEAD - head_bytes;
             let mut part = tokio::io::ReadBuf::new(buf.initialize_unfilled_to(room));
-            let r = std::pin::Pin::new(&mut this.inner).poll_read(cx, &mut part);
+            let r = this.read_inner(cx, &mut part);
             let k = part.filled().len();
             buf.advance(k);
             r
         } else {
-            std::pin::Pin::new(&mut this.inner).poll_read(cx, buf)
+            this.read_inner(cx, buf)
         };
         match r {
             Poll::Ready(Ok(())) => {
                 if buf.filled().len() > before {
+                    if let Some(check) = this.first_check.take() {
+                        if !check(&buf.filled()[before..]) {
+                            buf.set_filled(before);
+                            return Poll::Ready(Err(std::io::Error::new(
+                                std::io::ErrorKind::InvalidData,
+                                "not the protocol this port serves",
+                            )));
+                        }
+                    }
                     this.arrived(&buf.filled()[before..], between, n);
                 }
                 Poll::Ready(Ok(()))
@@ -847,6 +917,153 @@ mod tests {
         let (took, e) = time_to_error(&mut io).await;
         assert!(e.to_string().contains("idle"), "{e}");
         assert!(took >= IDLE - Duration::from_millis(20), "took {took:?}");
+    }
+
+    /// A stream that counts the reads that reached it.
+    struct Counted {
+        inner: tokio::io::DuplexStream,
+        reads: usize,
+    }
+
+    impl tokio::io::AsyncRead for Counted {
+        fn poll_read(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            let r = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+            if r.is_ready() {
+                self.reads += 1;
+            }
+            r
+        }
+    }
+
+    impl tokio::io::AsyncWrite for Counted {
+        fn poll_write(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+        }
+        fn poll_flush(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+        }
+        fn poll_shutdown(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+        }
+    }
+
+    fn counted(wire: Wire) -> (Timed<Counted>, tokio::io::DuplexStream) {
+        let (server, client) = tokio::io::duplex(1 << 16);
+        let requests = Arc::new(ConnRequests::default());
+        let inner = Counted {
+            inner: server,
+            reads: 0,
+        };
+        let timers = Timers::default();
+        let io = Timed::with_timers(inner, requests, "outbound", wire, timers);
+        (io, client)
+    }
+
+    #[tokio::test]
+    async fn the_first_small_read_fetches_the_whole_head_in_one_read() {
+        let (mut io, mut client) = counted(Wire::Sniff);
+        let head = b"GET / HTTP/1.1\r\nHost: payments.aether.internal\r\nUser-Agent: x\r\n\r\n";
+        client.write_all(head).await.unwrap();
+        // As hyper-util's auto codec does: 24 bytes first, then a large read.
+        let mut first = [0u8; 24];
+        io.read_exact(&mut first).await.unwrap();
+        let mut rest = vec![0u8; 16 << 10];
+        let n = io.read(&mut rest).await.unwrap();
+        assert_eq!([&first[..], &rest[..n]].concat(), head);
+        assert_eq!(
+            io.inner.reads, 1,
+            "the rest of the head came from the first read"
+        );
+        // Then the stream again, in order.
+        client.write_all(b"more").await.unwrap();
+        let n = io.read(&mut rest).await.unwrap();
+        assert_eq!(&rest[..n], b"more");
+        assert_eq!(io.inner.reads, 2);
+    }
+
+    #[tokio::test]
+    async fn what_the_first_read_fetched_is_handed_out_in_order_in_small_pieces() {
+        let (mut io, mut client) = counted(Wire::Sniff);
+        let sent: Vec<u8> = (0..3 * FIRST_READ).map(|i| (i % 251) as u8).collect();
+        client.write_all(&sent).await.unwrap();
+        drop(client);
+        let mut got = Vec::new();
+        let mut piece = [0u8; 100];
+        loop {
+            let n = io.read(&mut piece).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&piece[..n]);
+        }
+        assert_eq!(got, sent);
+    }
+
+    #[tokio::test]
+    async fn a_connection_whose_codec_is_known_reads_only_what_is_asked() {
+        // Under TLS (ALPN said which codec) the stream below has its own read-ahead.
+        let (mut io, mut client) = counted(Wire::H1);
+        client.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+        let mut first = [0u8; 4];
+        io.read_exact(&mut first).await.unwrap();
+        let mut rest = [0u8; 64];
+        let n = io.read(&mut rest).await.unwrap();
+        assert_eq!(&rest[..n], b"/ HTTP/1.1\r\n\r\n");
+        assert_eq!(io.inner.reads, 2);
+    }
+
+    fn starts_with_g(first: &[u8]) -> bool {
+        first.starts_with(b"G")
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_must_speak_first_gets_the_head_timer_from_the_start() {
+        let (io, _client, _) = timed();
+        let mut io = io.first_bytes(starts_with_g);
+        let (took, e) = time_to_error(&mut io).await;
+        assert!(e.to_string().contains("request head"), "{e}");
+        assert!(
+            took < IDLE && took >= HEAD - Duration::from_millis(20),
+            "took {took:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn first_bytes_the_check_refuses_fail_the_read_and_hand_over_nothing() {
+        let (io, mut client, _) = timed();
+        let mut io = io.first_bytes(starts_with_g);
+        client.write_all(b"\x00\x00\x00\x08GET").await.unwrap();
+        let mut buf = [0u8; 64];
+        let e = io.read(&mut buf).await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{e}");
+    }
+
+    #[tokio::test]
+    async fn first_bytes_the_check_accepts_pass_through_and_are_judged_once() {
+        let (io, mut client, _) = timed();
+        let mut io = io.first_bytes(starts_with_g);
+        client.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
+        let mut buf = [0u8; 64];
+        let n = io.read(&mut buf).await.unwrap();
+        assert_eq!(&buf[..n], b"GET / HTTP/1.1\r\n");
+        // Later bytes are the codec's business, whatever they are.
+        client.write_all(b"\x00x: y\r\n").await.unwrap();
+        let n = io.read(&mut buf).await.unwrap();
+        assert_eq!(&buf[..n], b"\x00x: y\r\n");
     }
 
     #[tokio::test]

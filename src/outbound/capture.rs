@@ -97,29 +97,16 @@ pub async fn tunnel_to(
     log.finish(&spliced);
 }
 
-/// Waits (up to the head timer) for a captured connection to a service's HTTP port to send its
-/// first bytes; true when they look like HTTP/1 or the h2 preface. Otherwise the caller closes
-/// it: counted here.
-pub async fn speaks_http(tcp: &TcpStream, addr: SocketAddr) -> bool {
-    let head_read = crate::http::limits::timers().head_read;
-    let mut first = [0u8; 16];
-    let n = match tokio::time::timeout(head_read, tcp.peek(&mut first)).await {
-        Ok(Ok(n)) => n,
-        Ok(Err(_)) => return false,
-        Err(_) => {
-            metrics::get().cut_off("outbound", "head_timeout");
-            return false;
-        }
-    };
-    if n == 0 {
-        return false;
+/// The first bytes of a captured connection to a service's HTTP port (`Timed::first_bytes`):
+/// true when they look like HTTP/1 or the h2 preface; otherwise the connection is closed,
+/// counted here.
+pub fn first_bytes_http(first: &[u8]) -> bool {
+    if looks_like_http(first) {
+        return true;
     }
-    if !looks_like_http(&first[..n]) {
-        tracing::debug!(%addr, "captured connection to an HTTP port does not speak HTTP; closed");
-        metrics::get().captured_not_http.inc();
-        return false;
-    }
-    true
+    tracing::debug!("captured connection to an HTTP port does not speak HTTP; closed");
+    metrics::get().captured_not_http.inc();
+    false
 }
 
 /// A destination outside the mesh: `outbound.egress` decides.

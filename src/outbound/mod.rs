@@ -196,10 +196,9 @@ impl Outbound {
             }
             // Not a tcp port (or not one the service has): HTTP, routed by Host.
             Ok((_, PortProtocol::Http)) | Err(Reason::PortNotExposed) => {
-                if capture::speaks_http(&tcp, addr).await {
-                    let src = capture::CAPTURED_SOURCE;
-                    self.serve_http(tcp, addr, src, dst.port()).await;
-                }
+                // Its first bytes must look like HTTP (`capture::first_bytes_http`).
+                let src = capture::CAPTURED_SOURCE;
+                self.serve_http(tcp, addr, src, dst.port()).await;
             }
             Err(r) => capture::unresolved(&name, &self.mesh_domain, dst.port(), r),
         }
@@ -226,7 +225,11 @@ impl Outbound {
                 async move { Ok::<_, Infallible>(this.request(req, src, captured_port, open).await) }
             })
         };
-        let io = TokioIo::new(Timed::new(tcp, requests.clone(), "outbound", Wire::Sniff));
+        let mut timed = Timed::new(tcp, requests.clone(), "outbound", Wire::Sniff);
+        if captured_port != 0 {
+            timed = timed.first_bytes(capture::first_bytes_http);
+        }
+        let io = TokioIo::new(timed);
         let r = serve_until_drained!(
             self.servers.auto.serve_connection_with_upgrades(io, svc),
             drain,
