@@ -15,7 +15,6 @@ use super::limits::{
 pub struct Servers {
     pub h1: hyper::server::conn::http1::Builder,
     pub h2: hyper::server::conn::http2::Builder<TokioExecutor>,
-    pub auto: hyper_util::server::conn::auto::Builder<TokioExecutor>,
 }
 
 impl Servers {
@@ -24,25 +23,7 @@ impl Servers {
         configure_h1(&mut h1);
         let mut h2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
         configure_h2(&mut h2);
-        let mut auto = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-        // The auto builder wraps the same settings behind its own types.
-        auto.http1()
-            .timer(TokioTimer::new())
-            // Our `Timed` IO runs the header-read and idle timers (see there).
-            .header_read_timeout(None)
-            .max_headers(HYPER_MAX_HEADERS)
-            .max_buf_size(HYPER_MAX_BUF)
-            .keep_alive(true);
-        auto.http2()
-            .timer(TokioTimer::new())
-            .max_concurrent_streams(H2_MAX_CONCURRENT_STREAMS)
-            .initial_stream_window_size(H2_STREAM_WINDOW)
-            .initial_connection_window_size(H2_CONNECTION_WINDOW)
-            .max_frame_size(H2_MAX_FRAME)
-            .max_header_list_size(H2_MAX_HEADER_LIST)
-            .max_pending_accept_reset_streams(Some(H2_MAX_PENDING_ACCEPT_RESETS))
-            .max_local_error_reset_streams(Some(H2_MAX_LOCAL_ERROR_RESETS));
-        Servers { h1, h2, auto }
+        Servers { h1, h2 }
     }
 }
 
@@ -173,6 +154,22 @@ pub fn count_codec_error(listener: &'static str, e: &(dyn std::error::Error + 's
 
 pub use crate::__serve_until_drained as serve_until_drained;
 
+/// Which codec a plaintext (or ALPN-less) connection speaks (`Timed::sniff`); `None` when it
+/// ended first, failed, ran out its timer, or the drain closed while it was still silent.
+pub async fn sniff_codec<S>(timed: &mut Timed<S>, drain: &crate::drain::Drain) -> Option<Codec>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let closing = crate::drain::Drain::reached(drain.watch(), crate::drain::Phase::Closing);
+    tokio::select! {
+        r = timed.sniff() => r.unwrap_or_else(|e| {
+            tracing::debug!("connection ended before its first request: {e}");
+            None
+        }),
+        _ = closing => None,
+    }
+}
+
 /// Rapid reset (CVE-2023-44487), Envoy's rule: once a connection has carried this many
 /// requests, it is closed when more than half of them were reset before their response and
 /// within `PREMATURE_RESET`.
@@ -276,6 +273,13 @@ pub enum Wire {
 }
 
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// What a sniffed connection speaks (`Timed::sniff`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Codec {
+    H1,
+    H2,
+}
 
 /// What the bytes so far say the connection speaks.
 enum Seen {
@@ -580,6 +584,60 @@ enum Refusal {
 }
 
 impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin> Timed<S> {
+    /// Reads until the first bytes say which codec the connection speaks: the full HTTP/2
+    /// preface, or anything that departs from it (HTTP/1). `None` when the peer closed without
+    /// a byte. What was read stays here for the codec's first read, so the codec gets the
+    /// whole head at once (hyper-util's auto codec hands hyper's HTTP/1 codec the 24 bytes it
+    /// sniffed on their own; hyper then grows its 8 KiB read buffer to 16 KiB, copying it, on
+    /// every new connection). Runs the connection's timers as reads do.
+    pub async fn sniff(&mut self) -> std::io::Result<Option<Codec>> {
+        std::future::poll_fn(|cx| self.poll_sniff(cx)).await
+    }
+
+    fn poll_sniff(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<Option<Codec>>> {
+        use std::task::Poll;
+        loop {
+            let have = self.fetched.as_deref().unwrap_or_default();
+            let k = have.len().min(PREFACE.len());
+            if have[..k] != PREFACE[..k] {
+                return Poll::Ready(Ok(Some(Codec::H1)));
+            }
+            if k == PREFACE.len() {
+                return Poll::Ready(Ok(Some(Codec::H2)));
+            }
+            let mut ahead = [std::mem::MaybeUninit::<u8>::uninit(); FIRST_READ];
+            let mut ahead = tokio::io::ReadBuf::uninit(&mut ahead);
+            match std::pin::Pin::new(&mut self.inner).poll_read(cx, &mut ahead) {
+                Poll::Ready(Ok(())) if ahead.filled().is_empty() => {
+                    // A partial preface, then the end: HTTP/1's codec answers or closes.
+                    let any = self.fetched.is_some();
+                    return Poll::Ready(Ok(any.then_some(Codec::H1)));
+                }
+                Poll::Ready(Ok(())) => {
+                    self.fetch_ahead = false;
+                    let got = ahead.filled();
+                    self.fetched = Some(match self.fetched.take() {
+                        None => bytes::Bytes::copy_from_slice(got),
+                        Some(before) => [&before[..], got].concat().into(),
+                    });
+                    // Bytes have begun: the head timer runs from here, as for any head.
+                    let now = tokio::time::Instant::now();
+                    self.head_since.get_or_insert((0, now));
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => {
+                    return match self.expired(cx, true, 0) {
+                        Some(e) => Poll::Ready(Err(e)),
+                        None => Poll::Pending,
+                    }
+                }
+            }
+        }
+    }
+
     /// Reads what the first read fetched ahead, then the stream. The codec that sniffs a
     /// plaintext connection first asks for just the 24 bytes of the HTTP/2 preface, and then
     /// for the rest of the head, two `recv` calls where one does: the first read fetches up to
@@ -993,6 +1051,87 @@ mod tests {
         let n = io.read(&mut rest).await.unwrap();
         assert_eq!(&rest[..n], b"more");
         assert_eq!(io.inner.reads, 2);
+    }
+
+    #[tokio::test]
+    async fn sniffing_an_http1_head_hands_the_codec_all_of_it_in_one_read() {
+        let (mut io, mut client) = counted(Wire::Sniff);
+        let head = b"GET / HTTP/1.1\r\nHost: payments.aether.internal\r\n\r\n";
+        client.write_all(head).await.unwrap();
+        assert_eq!(io.sniff().await.unwrap(), Some(Codec::H1));
+        let mut buf = vec![0u8; 8 << 10];
+        let n = io.read(&mut buf).await.unwrap();
+        assert_eq!(&buf[..n], head);
+        assert_eq!(io.inner.reads, 1);
+    }
+
+    #[tokio::test]
+    async fn sniffing_waits_for_the_whole_preface_across_reads() {
+        let (mut io, mut client) = counted(Wire::Sniff);
+        let mut bytes = PREFACE.to_vec();
+        bytes.extend_from_slice(b"\x00\x00\x00\x04\x00\x00\x00\x00\x00");
+        client.write_all(&bytes[..10]).await.unwrap();
+        let sniffed = tokio::spawn(async move {
+            let codec = io.sniff().await.unwrap();
+            (io, codec)
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        client.write_all(&bytes[10..]).await.unwrap();
+        let (mut io, codec) = sniffed.await.unwrap();
+        assert_eq!(codec, Some(Codec::H2));
+        let mut buf = vec![0u8; 1024];
+        let n = io.read(&mut buf).await.unwrap();
+        assert_eq!(&buf[..n], &bytes[..]);
+        assert!(
+            io.is_h2(),
+            "the preface went through the timers' accounting once"
+        );
+    }
+
+    #[tokio::test]
+    async fn sniffing_a_connection_that_ends_at_once_or_mid_preface() {
+        let (mut io, client) = counted(Wire::Sniff);
+        drop(client);
+        assert_eq!(io.sniff().await.unwrap(), None);
+        let (mut io, mut client) = counted(Wire::Sniff);
+        client.write_all(b"PRI * HTTP/2").await.unwrap();
+        drop(client);
+        // HTTP/1's codec then answers the fragment (or closes).
+        assert_eq!(io.sniff().await.unwrap(), Some(Codec::H1));
+    }
+
+    #[tokio::test]
+    async fn sniffing_runs_the_idle_timer_then_the_head_timer_once_bytes_begin() {
+        let (mut io, _client, _) = timed();
+        let start = std::time::Instant::now();
+        let e = io.sniff().await.unwrap_err();
+        assert!(e.to_string().contains("idle"), "{e}");
+        assert!(start.elapsed() >= IDLE - Duration::from_millis(20));
+        let (mut io, mut client, _) = timed();
+        client.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+        let start = std::time::Instant::now();
+        let e = io.sniff().await.unwrap_err();
+        assert!(e.to_string().contains("request head"), "{e}");
+        assert!(start.elapsed() < IDLE, "took {:?}", start.elapsed());
+    }
+
+    #[tokio::test]
+    async fn a_silent_connection_stops_waiting_for_its_first_bytes_when_the_drain_closes() {
+        let (mut io, _client, _) = timed();
+        let drain = crate::drain::Drain::default();
+        let closer = drain.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            closer.advance(crate::drain::Phase::Closing);
+        });
+        let start = std::time::Instant::now();
+        assert_eq!(sniff_codec(&mut io, &drain).await, None);
+        assert!(start.elapsed() < IDLE / 2, "took {:?}", start.elapsed());
+        // While serving, bytes tell the codec.
+        let (mut io, mut client, _) = timed();
+        client.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+        let serving = crate::drain::Drain::default();
+        assert_eq!(sniff_codec(&mut io, &serving).await, Some(Codec::H1));
     }
 
     #[tokio::test]

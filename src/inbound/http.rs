@@ -20,7 +20,9 @@ use crate::drain::{Drain, Phase, Tracker};
 use crate::http::answer::{Body, Reason};
 use crate::http::body::{Activity, ReqBody, RespBody, UpBody};
 use crate::http::headers;
-use crate::http::server::{serve_until_drained, ConnRequests, RequestOpen, Servers, Timed, Wire};
+use crate::http::server::{
+    serve_until_drained, sniff_codec, Codec, ConnRequests, RequestOpen, Servers, Timed, Wire,
+};
 use crate::identity::SpiffeId;
 use crate::metrics::Direction;
 use crate::outbound::pool::{self, Conn, Pool, SendError, StreamGuard};
@@ -71,26 +73,34 @@ impl HttpChains {
             HttpCodec::H1 => Wire::H1,
             HttpCodec::Sniff => Wire::Sniff,
         };
-        let io = TokioIo::new(Timed::new(tls, requests.clone(), "inbound", wire));
+        let mut timed = Timed::new(tls, requests.clone(), "inbound", wire);
+        let codec = match codec {
+            HttpCodec::H1 => Codec::H1,
+            HttpCodec::H2 => Codec::H2,
+            HttpCodec::Sniff => match sniff_codec(&mut timed, &drain).await {
+                Some(codec) => codec,
+                None => return,
+            },
+        };
+        let io = TokioIo::new(timed);
         let s = &self.servers;
         let result = match codec {
-            HttpCodec::H2 => {
+            Codec::H2 => {
                 // Boxed on HTTP/2 only: hyper spawns each stream's future (about 4 KiB) as a task
                 // and moves it several times on the way; a box moves as one pointer. HTTP/1.1
                 // polls it in place, where a box would only add an allocation.
                 let svc = service_fn(move |req| Box::pin(request(req)));
-                serve_until_drained!(s.h2.serve_connection(io, svc), drain, requests, "inbound")
+                // The connection's state is boxed too: it stays out of the HTTP/1.1
+                // connection's future, which is moved whole into its task.
+                Box::pin(async {
+                    serve_until_drained!(s.h2.serve_connection(io, svc), drain, requests, "inbound")
+                })
+                .await
             }
-            HttpCodec::H1 => {
+            Codec::H1 => {
                 let conn =
                     s.h1.serve_connection(io, service_fn(request))
                         .with_upgrades();
-                serve_until_drained!(conn, drain, requests, "inbound")
-            }
-            HttpCodec::Sniff => {
-                let conn = s
-                    .auto
-                    .serve_connection_with_upgrades(io, service_fn(request));
                 serve_until_drained!(conn, drain, requests, "inbound")
             }
         };

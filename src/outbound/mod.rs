@@ -37,7 +37,9 @@ use crate::drain::{accept_until_closing, Drain, Phase, Tracker};
 use crate::http::answer::{Body, Reason};
 use crate::http::body::{Activity, ReqBody, RespBody, UpBody};
 use crate::http::headers;
-use crate::http::server::{serve_until_drained, ConnRequests, RequestOpen, Servers, Timed, Wire};
+use crate::http::server::{
+    serve_until_drained, sniff_codec, Codec, ConnRequests, RequestOpen, Servers, Timed, Wire,
+};
 use crate::identity::IdentityStore;
 use crate::identity::SpiffeId;
 use crate::metrics::{self, Direction};
@@ -229,13 +231,30 @@ impl Outbound {
         if captured_port != 0 {
             timed = timed.first_bytes(capture::first_bytes_http);
         }
+        let Some(codec) = sniff_codec(&mut timed, &drain).await else {
+            return;
+        };
         let io = TokioIo::new(timed);
-        let r = serve_until_drained!(
-            self.servers.auto.serve_connection_with_upgrades(io, svc),
-            drain,
-            requests,
-            "outbound"
-        );
+        let s = &self.servers;
+        let r = match codec {
+            Codec::H1 => {
+                let conn = s.h1.serve_connection(io, svc).with_upgrades();
+                serve_until_drained!(conn, drain, requests, "outbound")
+            }
+            // Boxed: the HTTP/2 connection's state stays out of the (more common) HTTP/1.1
+            // connection's future, which is moved whole into its task.
+            Codec::H2 => {
+                Box::pin(async {
+                    serve_until_drained!(
+                        s.h2.serve_connection(io, svc),
+                        drain,
+                        requests,
+                        "outbound"
+                    )
+                })
+                .await
+            }
+        };
         if let Err(e) = r {
             tracing::debug!(%addr, "outbound connection ended: {e}");
         }
