@@ -405,16 +405,14 @@ pub struct Timed<S> {
     sleep: std::pin::Pin<Box<tokio::time::Sleep>>,
     /// The 431 answer to an oversized HTTP/1 head, once there is one.
     refusal: Option<Refusal>,
-    /// Judges the connection's first bytes, once (see [`Timed::first_bytes`]).
+    /// Judges the connection's first bytes when they are sniffed (see [`Timed::first_bytes`]).
     first_check: Option<fn(&[u8]) -> bool>,
-    /// Whether the first read still fetches ahead, and what it fetched beyond the codec's ask
-    /// (see [`Timed::read_inner`]).
-    fetch_ahead: bool,
+    /// What sniffing read, not yet handed to the codec (see [`Timed::sniff`]).
     fetched: Option<bytes::Bytes>,
 }
 
-/// How much the first read of a sniffed connection fetches: a whole ordinary request head,
-/// or an HTTP/2 client's first flight.
+/// How much one read while sniffing fetches: a whole ordinary request head, or an HTTP/2
+/// client's first flight.
 const FIRST_READ: usize = 4096;
 
 impl<S> Timed<S> {
@@ -451,15 +449,14 @@ impl<S> Timed<S> {
             sleep: Box::pin(tokio::time::sleep(timers.connection_idle)),
             refusal: None,
             first_check: None,
-            fetch_ahead: matches!(wire, Wire::Sniff),
             fetched: None,
         }
     }
 
     /// A connection that must begin with bytes `check` accepts, within the head timer counted
     /// from now rather than from the first byte: a captured connection to an HTTP port, which
-    /// is closed (without an answer) when it speaks something else. Judged on the codec's own
-    /// first read, so no extra `peek` per connection.
+    /// is closed (without an answer) when it speaks something else. Judged on the bytes
+    /// [`Timed::sniff`] reads anyway, so no extra `peek` per connection.
     pub fn first_bytes(mut self, check: fn(&[u8]) -> bool) -> Timed<S> {
         self.first_check = Some(check);
         self.head_since = Some((0, tokio::time::Instant::now()));
@@ -589,7 +586,8 @@ impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin> Timed<S> {
     /// a byte. What was read stays here for the codec's first read, so the codec gets the
     /// whole head at once (hyper-util's auto codec hands hyper's HTTP/1 codec the 24 bytes it
     /// sniffed on their own; hyper then grows its 8 KiB read buffer to 16 KiB, copying it, on
-    /// every new connection). Runs the connection's timers as reads do.
+    /// every new connection). Runs the connection's timers as reads do, and the check of
+    /// [`Timed::first_bytes`] on the first bytes (an `InvalidData` error when it refuses them).
     pub async fn sniff(&mut self) -> std::io::Result<Option<Codec>> {
         std::future::poll_fn(|cx| self.poll_sniff(cx)).await
     }
@@ -617,8 +615,15 @@ impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin> Timed<S> {
                     return Poll::Ready(Ok(any.then_some(Codec::H1)));
                 }
                 Poll::Ready(Ok(())) => {
-                    self.fetch_ahead = false;
                     let got = ahead.filled();
+                    if let Some(check) = self.first_check.take() {
+                        if !check(got) {
+                            return Poll::Ready(Err(std::io::Error::new(
+                                std::io::ErrorKind::InvalidData,
+                                "not the protocol this port serves",
+                            )));
+                        }
+                    }
                     self.fetched = Some(match self.fetched.take() {
                         None => bytes::Bytes::copy_from_slice(got),
                         Some(before) => [&before[..], got].concat().into(),
@@ -638,42 +643,24 @@ impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin> Timed<S> {
         }
     }
 
-    /// Reads what the first read fetched ahead, then the stream. The codec that sniffs a
-    /// plaintext connection first asks for just the 24 bytes of the HTTP/2 preface, and then
-    /// for the rest of the head, two `recv` calls where one does: the first read fetches up to
-    /// `FIRST_READ` and keeps what the codec did not ask for (a short connection's `recv`
-    /// costs more than copying a few hundred bytes).
+    /// Reads what sniffing fetched, then the stream: the codec's first read gets the whole
+    /// head that arrived, not just the preface-sized part the sniff looked at.
     fn read_inner(
         &mut self,
         cx: &mut std::task::Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
         use bytes::Buf;
-        use std::task::Poll;
-        if let Some(fetched) = &mut self.fetched {
-            let k = fetched.len().min(buf.remaining());
-            buf.put_slice(&fetched[..k]);
-            fetched.advance(k);
-            if fetched.is_empty() {
-                self.fetched = None;
-            }
-            return Poll::Ready(Ok(()));
-        }
-        if !self.fetch_ahead || buf.remaining() >= FIRST_READ {
-            self.fetch_ahead = false;
+        let Some(fetched) = &mut self.fetched else {
             return std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        };
+        let k = fetched.len().min(buf.remaining());
+        buf.put_slice(&fetched[..k]);
+        fetched.advance(k);
+        if fetched.is_empty() {
+            self.fetched = None;
         }
-        let mut ahead = [std::mem::MaybeUninit::<u8>::uninit(); FIRST_READ];
-        let mut ahead = tokio::io::ReadBuf::uninit(&mut ahead);
-        std::task::ready!(std::pin::Pin::new(&mut self.inner).poll_read(cx, &mut ahead))?;
-        self.fetch_ahead = false;
-        let got = ahead.filled();
-        let k = got.len().min(buf.remaining());
-        buf.put_slice(&got[..k]);
-        if k < got.len() {
-            self.fetched = Some(bytes::Bytes::copy_from_slice(&got[k..]));
-        }
-        Poll::Ready(Ok(()))
+        std::task::Poll::Ready(Ok(()))
     }
 
     /// Writes the 431 answer for an oversized HTTP/1 head, reads what the client still sends
@@ -771,15 +758,6 @@ impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin> tokio::io::AsyncRe
         match r {
             Poll::Ready(Ok(())) => {
                 if buf.filled().len() > before {
-                    if let Some(check) = this.first_check.take() {
-                        if !check(&buf.filled()[before..]) {
-                            buf.set_filled(before);
-                            return Poll::Ready(Err(std::io::Error::new(
-                                std::io::ErrorKind::InvalidData,
-                                "not the protocol this port serves",
-                            )));
-                        }
-                    }
                     this.arrived(&buf.filled()[before..], between, n);
                 }
                 Poll::Ready(Ok(()))
@@ -894,6 +872,12 @@ mod tests {
         Arc<ConnRequests>,
     ) {
         let (server, client) = tokio::io::duplex(capacity);
+        let (io, requests) = timed_over(server, wire);
+        (io, client, requests)
+    }
+
+    /// `inner` behind `Timed`, with the short timers above.
+    fn timed_over<S>(inner: S, wire: Wire) -> (Timed<S>, Arc<ConnRequests>) {
         let requests = Arc::new(ConnRequests::default());
         let timers = Timers {
             head_read: HEAD,
@@ -902,11 +886,8 @@ mod tests {
             stream_idle: STREAM,
             ..Timers::default()
         };
-        (
-            Timed::with_timers(server, requests.clone(), "outbound", wire, timers),
-            client,
-            requests,
-        )
+        let io = Timed::with_timers(inner, requests.clone(), "outbound", wire, timers);
+        (io, requests)
     }
 
     fn timed() -> (
@@ -1021,22 +1002,21 @@ mod tests {
 
     fn counted(wire: Wire) -> (Timed<Counted>, tokio::io::DuplexStream) {
         let (server, client) = tokio::io::duplex(1 << 16);
-        let requests = Arc::new(ConnRequests::default());
         let inner = Counted {
             inner: server,
             reads: 0,
         };
-        let timers = Timers::default();
-        let io = Timed::with_timers(inner, requests, "outbound", wire, timers);
-        (io, client)
+        (timed_over(inner, wire).0, client)
     }
 
     #[tokio::test]
-    async fn the_first_small_read_fetches_the_whole_head_in_one_read() {
+    async fn what_the_sniff_fetched_serves_small_reads_without_asking_the_stream() {
         let (mut io, mut client) = counted(Wire::Sniff);
         let head = b"GET / HTTP/1.1\r\nHost: payments.aether.internal\r\nUser-Agent: x\r\n\r\n";
         client.write_all(head).await.unwrap();
-        // As hyper-util's auto codec does: 24 bytes first, then a large read.
+        assert_eq!(io.sniff().await.unwrap(), Some(Codec::H1));
+        // Even a codec that reads 24 bytes first, then a large read, gets the rest of the head
+        // from what the sniff fetched.
         let mut first = [0u8; 24];
         io.read_exact(&mut first).await.unwrap();
         let mut rest = vec![0u8; 16 << 10];
@@ -1135,11 +1115,12 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn what_the_first_read_fetched_is_handed_out_in_order_in_small_pieces() {
+    async fn what_the_sniff_fetched_is_handed_out_in_order_in_small_pieces() {
         let (mut io, mut client) = counted(Wire::Sniff);
         let sent: Vec<u8> = (0..3 * FIRST_READ).map(|i| (i % 251) as u8).collect();
         client.write_all(&sent).await.unwrap();
         drop(client);
+        assert_eq!(io.sniff().await.unwrap(), Some(Codec::H1));
         let mut got = Vec::new();
         let mut piece = [0u8; 100];
         loop {
@@ -1182,13 +1163,13 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn first_bytes_the_check_refuses_fail_the_read_and_hand_over_nothing() {
+    async fn first_bytes_the_check_refuses_fail_the_sniff_and_hand_over_nothing() {
         let (io, mut client, _) = timed();
         let mut io = io.first_bytes(starts_with_g);
         client.write_all(b"\x00\x00\x00\x08GET").await.unwrap();
-        let mut buf = [0u8; 64];
-        let e = io.read(&mut buf).await.unwrap_err();
+        let e = io.sniff().await.unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{e}");
+        assert!(io.fetched.is_none(), "nothing is kept for a codec");
     }
 
     #[tokio::test]
@@ -1196,6 +1177,7 @@ mod tests {
         let (io, mut client, _) = timed();
         let mut io = io.first_bytes(starts_with_g);
         client.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
+        assert_eq!(io.sniff().await.unwrap(), Some(Codec::H1));
         let mut buf = [0u8; 64];
         let n = io.read(&mut buf).await.unwrap();
         assert_eq!(&buf[..n], b"GET / HTTP/1.1\r\n");
