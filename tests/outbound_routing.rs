@@ -577,3 +577,66 @@ async fn subsets_compose_with_the_port() {
         "the 100% v1 split takes the default route"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Header limits on the outbound listener
+// ---------------------------------------------------------------------------------------------
+
+/// SPEC sections 7 and 8 on the client side: a request with more than 100 header fields is
+/// answered by the proxy (431 `headers-too-large`, one line of text), never by the HTTP codec's
+/// bare 431, on a kept-alive connection as on a fresh one, however far over. 98 reach the app:
+/// the client side adds `x-request-id` and `traceparent`, and the server side holds what
+/// arrives to the same 100 (the limits are per hop, as Envoy's are).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_100_headers_get_the_proxys_431_on_the_outbound_listener() {
+    let net = Net::fresh();
+    let (client_pod, p1) = (net.pod(0), net.pod(1));
+    let certs = certs();
+    let app = HttpApp::auto(p1.app(8080)).await;
+    let _s1 = server_proxy(&certs, p1, "payments", &["{ port: 8080, protocol: auto }"]).await;
+    let cat = catalog(&[service(
+        "payments",
+        &certs.spiffe_id(PAYMENTS),
+        "",
+        &[endpoint(p1.proxy_ip(), &[8080])],
+    )]);
+    let _client = client_proxy(&certs, client_pod, &cat, "").await;
+    let out = client_pod.outbound();
+    // `n` fields in all, Host included.
+    let with = |path: &str, n: usize| {
+        let mut b = get(path).header("host", SVC);
+        for i in 0..n - 1 {
+            b = b.header(format!("x-h{i}"), "v");
+        }
+        empty(b)
+    };
+    let mut c = h1_to(out).await;
+    let r = c.send(with("/ninety-eight", 98)).await.unwrap();
+    assert_app_ok(&r, 8080, "98 fields");
+    let seen = app.seen();
+    let ours = seen
+        .last()
+        .map(|s| s.headers.iter().filter(|(k, _)| k.starts_with("x-h")));
+    assert_eq!(
+        ours.map(Iterator::count),
+        Some(97),
+        "the fields the app sent"
+    );
+    let r = c.send(with("/ninety-nine", 99)).await.unwrap();
+    assert_proxy_error(
+        &r,
+        431,
+        "headers-too-large",
+        "99 fields, 101 at the server side",
+    );
+    let r = c.send(with("/hundred-and-one", 101)).await.unwrap();
+    assert_proxy_error(&r, 431, "headers-too-large", "101 fields, kept-alive");
+    let r = h1_to(out).await.send(with("/far", 600)).await.unwrap();
+    assert_proxy_error(&r, 431, "headers-too-large", "600 fields, fresh");
+    let paths: Vec<String> = app.seen().into_iter().map(|s| s.uri).collect();
+    assert_eq!(
+        paths,
+        ["/ninety-eight"],
+        "an over-limit request reached the app"
+    );
+}

@@ -8,7 +8,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use super::limits::{
     timers, Timers, H1_MAX_HEAD, H2_CONNECTION_WINDOW, H2_MAX_CONCURRENT_STREAMS, H2_MAX_FRAME,
     H2_MAX_HEADER_LIST, H2_MAX_LOCAL_ERROR_RESETS, H2_MAX_PENDING_ACCEPT_RESETS, H2_STREAM_WINDOW,
-    HYPER_MAX_BUF, HYPER_MAX_HEADERS,
+    HYPER_MAX_BUF,
 };
 
 /// Server builders, made once and shared by every connection.
@@ -34,11 +34,12 @@ impl Default for Servers {
 }
 
 fn configure_h1(b: &mut hyper::server::conn::http1::Builder) {
-    // hyper answers past its own limits; ours (100 headers, 60 KiB) are checked per request so
-    // the answer carries `x-aether-error`.
+    // hyper answers past its own limits without `x-aether-error`, so `Timed` refuses heads
+    // before they reach them (over 100 fields, over `H1_MAX_HEAD`). hyper's field count stays
+    // at its default, which is SPEC's 100: any other value, larger included, makes hyper
+    // allocate its two field arrays on the heap for every head it parses (2 x 32 KiB at 1024).
     b.timer(TokioTimer::new())
         .header_read_timeout(None)
-        .max_headers(HYPER_MAX_HEADERS)
         .max_buf_size(HYPER_MAX_BUF)
         .keep_alive(true);
 }
@@ -353,6 +354,92 @@ impl Frames {
     }
 }
 
+/// Counts an HTTP/1 request head's field lines as they arrive, up to the blank line that ends
+/// it. A field counts from its first byte, as hyper's parser counts it, so the field too many
+/// is seen here before hyper could parse it.
+#[derive(Default)]
+struct HeadLines {
+    at: LineAt,
+    fields: usize,
+}
+
+#[derive(Default, Clone, Copy, PartialEq, Eq)]
+enum LineAt {
+    /// Before the request line (empty lines there are skipped, as parsers do).
+    #[default]
+    Lead,
+    /// Inside a line.
+    Line,
+    /// At the start of a line; `Cr` after its first byte was `\r`.
+    Start,
+    Cr,
+    /// Past the blank line: the rest is body or the next request, counted when it begins.
+    End,
+}
+
+impl HeadLines {
+    /// True once the head has more fields than SPEC section 8 allows.
+    fn feed(&mut self, bytes: &[u8]) -> bool {
+        let mut i = 0;
+        // Byte by byte only where a line begins; inside lines, from one `\n` to the next.
+        loop {
+            let Some(&b) = bytes.get(i) else {
+                return false;
+            };
+            match self.at {
+                LineAt::End => return false,
+                LineAt::Lead => {
+                    if b != b'\r' && b != b'\n' {
+                        self.at = LineAt::Line;
+                    }
+                    i += 1;
+                }
+                LineAt::Start | LineAt::Cr => {
+                    if b == b'\n' {
+                        self.at = LineAt::End;
+                        return false;
+                    } else if b == b'\r' && self.at == LineAt::Start {
+                        self.at = LineAt::Cr;
+                        i += 1;
+                    } else {
+                        self.fields += 1;
+                        if self.fields > super::headers::MAX_HEADERS {
+                            return true;
+                        }
+                        self.at = LineAt::Line;
+                        i += 1;
+                    }
+                }
+                LineAt::Line => {
+                    let rest = &bytes[i..];
+                    let mut ends = memchr::memchr_iter(b'\n', rest);
+                    let mut next = ends.next();
+                    loop {
+                        let Some(lf) = next else {
+                            return false;
+                        };
+                        // The common line: a field starts right after its predecessor's end.
+                        match rest.get(lf + 1) {
+                            Some(&c) if c != b'\r' && c != b'\n' => {
+                                self.fields += 1;
+                                if self.fields > super::headers::MAX_HEADERS {
+                                    return true;
+                                }
+                                next = ends.next();
+                            }
+                            _ => {
+                                self.at = LineAt::Start;
+                                i += lf + 1;
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Which timer is armed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Timer {
@@ -386,8 +473,9 @@ impl Timer {
 ///   connections after 10 s);
 /// * an HTTP/1 request that moves no bytes either way for `stream_idle` ends its connection
 ///   (HTTP/2 streams have the same timer on their bodies, `body::Metered`);
-/// * an HTTP/1 head over `H1_MAX_HEAD` is answered 431 `headers-too-large` here, before hyper
-///   buffers more (hyper's own limit would answer without `x-aether-error`).
+/// * an HTTP/1 head over `H1_MAX_HEAD`, or with more than 100 fields, is answered 431
+///   `headers-too-large` here, before hyper buffers more or parses the field too many (hyper's
+///   own limits would answer without `x-aether-error`).
 pub struct Timed<S> {
     inner: S,
     requests: std::sync::Arc<ConnRequests>,
@@ -397,6 +485,7 @@ pub struct Timed<S> {
     /// (finished requests, when) the next request's head began, and its bytes so far.
     head_since: Option<(u64, tokio::time::Instant)>,
     head_bytes: usize,
+    head_lines: HeadLines,
     /// (finished requests, when) the connection fell idle.
     idle_since: Option<(u64, tokio::time::Instant)>,
     /// The last byte read or written.
@@ -443,6 +532,7 @@ impl<S> Timed<S> {
             },
             head_since: None,
             head_bytes: 0,
+            head_lines: HeadLines::default(),
             idle_since: None,
             last_io: tokio::time::Instant::now(),
             armed: None,
@@ -467,8 +557,9 @@ impl<S> Timed<S> {
         matches!(self.seen, Seen::H2(_))
     }
 
-    /// Notes bytes that arrived: the preface, HTTP/2 frames, the HTTP/1 head's size.
-    fn arrived(&mut self, got: &[u8], between: bool, n: u64) {
+    /// Notes bytes that arrived: the preface, HTTP/2 frames, the HTTP/1 head's size and fields.
+    /// True when the HTTP/1 head now has more fields than SPEC allows.
+    fn arrived(&mut self, got: &[u8], between: bool, n: u64) -> bool {
         let now = tokio::time::Instant::now();
         self.last_io = now;
         let mut rest = got;
@@ -488,15 +579,18 @@ impl<S> Timed<S> {
         }
         if let Seen::H2(frames) = &mut self.seen {
             frames.feed(rest, now);
-            return;
+            return false;
         }
         if between {
             if !matches!(self.head_since, Some((m, _)) if m == n) {
                 self.head_since = Some((n, now));
                 self.head_bytes = 0;
+                self.head_lines = HeadLines::default();
             }
             self.head_bytes += got.len();
+            return self.head_lines.feed(got);
         }
+        false
     }
 
     /// The timer that applies now, if any.
@@ -663,6 +757,16 @@ impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin> Timed<S> {
         std::task::Poll::Ready(Ok(()))
     }
 
+    /// Answers an oversized HTTP/1 head 431 (see [`Timed::poll_refusal`]).
+    fn refuse_head(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        crate::metrics::get().cut_off(self.listener, "headers_too_large");
+        self.refusal = Some(Refusal::Writing(head_too_large_answer(), 0));
+        self.poll_refusal(cx)
+    }
+
     /// Writes the 431 answer for an oversized HTTP/1 head, reads what the client still sends
     /// for a moment, then fails the read so that hyper closes the connection without answering
     /// again.
@@ -739,9 +843,7 @@ impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin> tokio::io::AsyncRe
             _ => 0,
         };
         if in_head && head_bytes >= H1_MAX_HEAD {
-            crate::metrics::get().cut_off(this.listener, "headers_too_large");
-            this.refusal = Some(Refusal::Writing(head_too_large_answer(), 0));
-            return this.poll_refusal(cx);
+            return this.refuse_head(cx);
         }
         let before = buf.filled().len();
         let r = if in_head && buf.remaining() > H1_MAX_HEAD - head_bytes {
@@ -757,8 +859,11 @@ impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin> tokio::io::AsyncRe
         };
         match r {
             Poll::Ready(Ok(())) => {
-                if buf.filled().len() > before {
-                    this.arrived(&buf.filled()[before..], between, n);
+                if buf.filled().len() > before && this.arrived(&buf.filled()[before..], between, n)
+                {
+                    // The field too many never reaches hyper, which would answer its own 431.
+                    buf.set_filled(before);
+                    return this.refuse_head(cx);
                 }
                 Poll::Ready(Ok(()))
             }
@@ -1283,6 +1388,93 @@ mod tests {
             answer.contains("x-aether-error: headers-too-large"),
             "{answer}"
         );
+    }
+
+    /// A request head with `fields` fields, each line `x-hN: v`.
+    fn head_with(fields: usize) -> Vec<u8> {
+        let mut head = b"GET / HTTP/1.1\r\n".to_vec();
+        for i in 0..fields {
+            head.extend_from_slice(format!("x-h{i}: v\r\n").as_bytes());
+        }
+        head.extend_from_slice(b"\r\n");
+        head
+    }
+
+    #[test]
+    fn head_lines_count_fields_in_any_split_and_stop_at_the_blank_line() {
+        let exact = head_with(100);
+        for piece in [1, 2, 3, 7, 64, exact.len()] {
+            let mut lines = HeadLines::default();
+            for part in exact.chunks(piece) {
+                assert!(!lines.feed(part), "100 fields, pieces of {piece}");
+            }
+            assert_eq!(lines.fields, 100, "pieces of {piece}");
+            assert!(lines.at == LineAt::End, "pieces of {piece}");
+            // What follows the blank line (a body of header-like lines) is not counted.
+            assert!(!lines.feed(&b"a: b\r\n".repeat(200)));
+        }
+        // The field too many counts from its first byte, CRLF or bare LF line ends alike, and
+        // empty lines before the request line are skipped.
+        let mut over = head_with(100);
+        over.truncate(over.len() - 2);
+        let mut lines = HeadLines::default();
+        assert!(!lines.feed(b"\r\n"));
+        assert!(!lines.feed(&over));
+        assert!(lines.feed(b"x"), "the 101st field");
+        let mut lines = HeadLines::default();
+        let bare = "GET / HTTP/1.1\n".to_string() + &"a: b\n".repeat(101);
+        assert!(lines.feed(bare.as_bytes()));
+        let mut lines = HeadLines::default();
+        assert!(
+            !lines.feed(("GET / HTTP/1.1\n".to_string() + &"a: b\n".repeat(100) + "\n").as_bytes())
+        );
+    }
+
+    #[tokio::test]
+    async fn a_head_with_a_field_too_many_is_answered_431_and_the_codec_never_sees_it() {
+        let (mut io, mut client, _) = timed_with(Wire::Sniff, 64 << 10);
+        let head = head_with(101);
+        let cut = head_with(100).len() - 2;
+        // The first 100 fields in one write, the rest (the 101st field and the end) in another.
+        client.write_all(&head[..cut]).await.unwrap();
+        let mut handed = Vec::new();
+        let mut buf = vec![0u8; 64 << 10];
+        let k = io.read(&mut buf).await.unwrap();
+        handed.extend_from_slice(&buf[..k]);
+        client.write_all(&head[cut..]).await.unwrap();
+        let e = loop {
+            match io.read(&mut buf).await {
+                Ok(0) => panic!("unexpected EOF"),
+                Ok(k) => handed.extend_from_slice(&buf[..k]),
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{e}");
+        assert_eq!(handed, &head[..cut], "the codec got the field too many");
+        let mut answer = vec![0u8; 1024];
+        let k = client.read(&mut answer).await.unwrap();
+        let answer = String::from_utf8_lossy(&answer[..k]);
+        assert!(answer.starts_with("HTTP/1.1 431 "), "{answer}");
+        assert!(
+            answer.contains("x-aether-error: headers-too-large"),
+            "{answer}"
+        );
+    }
+
+    #[tokio::test]
+    async fn each_keep_alive_head_gets_its_own_field_count() {
+        let (mut io, mut client, requests) = timed_with(Wire::H1, 64 << 10);
+        let mut buf = vec![0u8; 64 << 10];
+        for _ in 0..3 {
+            let head = head_with(100);
+            client.write_all(&head).await.unwrap();
+            let mut got = 0;
+            while got < head.len() {
+                got += io.read(&mut buf).await.unwrap();
+            }
+            // The codec parsed the head and the request was answered: the next head is new.
+            drop(requests.start().answered());
+        }
     }
 
     #[tokio::test]
