@@ -72,7 +72,11 @@ fn main() -> ExitCode {
         Cmd::Run {
             config,
             concurrency,
-        } => aether_proxy::run::main(&config, concurrency),
+        } => {
+            // First, before any thread: it may start this process again, with the same pid.
+            aether_proxy::memory::tune_allocator();
+            aether_proxy::run::main(&config, concurrency)
+        }
         Cmd::Check { config } => aether_proxy::run::check(&config),
         Cmd::Certs {
             out,

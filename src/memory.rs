@@ -1,5 +1,5 @@
-//! Keeping the allocator's footprint small: one malloc arena per worker thread, and freed
-//! memory given back to the system after catalog churn.
+//! The allocator: a larger per-thread cache of freed blocks (for speed), one malloc arena per
+//! worker thread, and freed memory given back to the system after catalog churn.
 //!
 //! A catalog update frees the previous services and clusters while requests allocate on
 //! other threads; glibc keeps most of the freed space in per-thread arenas, so a sidecar that
@@ -54,3 +54,88 @@ pub fn limit_arenas(workers: usize) {
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 pub fn limit_arenas(_workers: usize) {}
+
+/// How many freed blocks of each size glibc keeps in a thread's cache (its default is 7).
+/// A worker has many requests in flight at once (32 connections or streams in the benchmarks),
+/// each holding blocks of the same few sizes; past the seventh, frees and the allocations after
+/// them go through the arena's bins, about 250 instructions each instead of 20. At 128,
+/// callgrind counts 3.8k fewer instructions per request on the server side of scenario c (4.3%)
+/// and 2.6k at 256 on a (4.4%), at 64 3.1k and 2.1k. The cache holds only blocks up to 1 KiB
+/// that were in use together at some moment, so it adds little to the peak.
+pub const TCACHE_COUNT: u32 = 128;
+
+/// Set in the environment of the process `tune_allocator` started, so it never starts another.
+const TUNED: &str = "AETHER_MALLOC_TUNED";
+const TCACHE_TUNABLE: &str = "glibc.malloc.tcache_count";
+
+/// glibc reads its malloc tunables from `GLIBC_TUNABLES` only when a process starts, and has no
+/// call to change the thread cache's size later. So `run` re-executes itself, once, at its
+/// very start (no thread yet; the pid stays the same) with `glibc.malloc.tcache_count` added
+/// to whatever `GLIBC_TUNABLES` already holds. An operator who sets `tcache_count` there keeps
+/// their value, and `AETHER_MALLOC_TUNED=1` skips the step. If the exec fails (no `/proc`),
+/// the process carries on with glibc's defaults.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+pub fn tune_allocator() {
+    use std::os::unix::process::CommandExt;
+    if std::env::var_os(TUNED).is_some() {
+        return;
+    }
+    let Some(tunables) = with_tcache(std::env::var("GLIBC_TUNABLES").ok().as_deref()) else {
+        return;
+    };
+    let mut args = std::env::args_os();
+    let arg0 = args.next().unwrap_or_else(|| "aether-proxy".into());
+    let e = std::process::Command::new("/proc/self/exe")
+        .arg0(arg0)
+        .args(args)
+        .env("GLIBC_TUNABLES", tunables)
+        .env(TUNED, "1")
+        .exec();
+    eprintln!("aether-proxy: running with glibc's default thread cache (re-exec failed: {e})");
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+pub fn tune_allocator() {}
+
+/// `GLIBC_TUNABLES` with our thread-cache size added; `None` when the operator set one.
+fn with_tcache(current: Option<&str>) -> Option<String> {
+    let ours = format!("{TCACHE_TUNABLE}={TCACHE_COUNT}");
+    match current.map(str::trim).filter(|c| !c.is_empty()) {
+        None => Some(ours),
+        Some(c)
+            if c.split(':')
+                .any(|t| t.split('=').next() == Some(TCACHE_TUNABLE)) =>
+        {
+            None
+        }
+        Some(c) => Some(format!("{c}:{ours}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tcache_tunable_is_added_to_the_operators_and_never_replaces_theirs() {
+        assert_eq!(
+            with_tcache(None).as_deref(),
+            Some("glibc.malloc.tcache_count=128")
+        );
+        assert_eq!(
+            with_tcache(Some("")).as_deref(),
+            Some("glibc.malloc.tcache_count=128")
+        );
+        assert_eq!(
+            with_tcache(Some("glibc.malloc.arena_max=2")).as_deref(),
+            Some("glibc.malloc.arena_max=2:glibc.malloc.tcache_count=128")
+        );
+        assert_eq!(with_tcache(Some("glibc.malloc.tcache_count=7")), None);
+        assert_eq!(
+            with_tcache(Some("glibc.malloc.arena_max=2:glibc.malloc.tcache_count=0")),
+            None
+        );
+        // A longer name that only starts like ours is not ours.
+        assert!(with_tcache(Some("glibc.malloc.tcache_count_x=1")).is_some());
+    }
+}

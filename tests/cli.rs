@@ -187,3 +187,60 @@ fn run_reports_a_listener_it_cannot_bind() {
     let e = stderr(&o);
     assert!(e.contains(&format!("inbound {addr}: cannot bind")), "{e}");
 }
+
+/// The variables of a running process's environment.
+fn environ(pid: u32) -> Vec<String> {
+    let raw = std::fs::read(format!("/proc/{pid}/environ")).expect("/proc/<pid>/environ");
+    raw.split(|b| *b == 0)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .collect()
+}
+
+/// `run` starts itself again, once, with glibc's thread cache enlarged (README "Benchmarks",
+/// `memory::tune_allocator`): the same pid serves, with the tunable in its environment. An
+/// operator's own `tcache_count` is kept as they set it, and the step is skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_enlarges_the_allocators_thread_cache_and_keeps_an_operators_choice() {
+    let net = Net::fresh();
+    let certs = common::Certs::new("aether.local", &["default/payments"]);
+    let pod = net.pod(0);
+    let config = format!(
+        "{}{}",
+        certs.identity_yaml("payments"),
+        pod.listeners_yaml(8080, &[])
+    );
+    let proxy = common::Proxy::start(&config, "services: {}\n").await;
+    let env = environ(proxy.pid().unwrap());
+    assert!(
+        env.iter()
+            .any(|v| v == "GLIBC_TUNABLES=glibc.malloc.tcache_count=128"),
+        "{env:?}"
+    );
+    assert!(env.iter().any(|v| v == "AETHER_MALLOC_TUNED=1"), "{env:?}");
+    assert_eq!(
+        proxy.admin_get("/readyz").await.unwrap().status.as_u16(),
+        200
+    );
+    drop(proxy);
+
+    let pod = net.pod(1);
+    let config = format!(
+        "{}{}",
+        certs.identity_yaml("payments"),
+        pod.listeners_yaml(8080, &[])
+    );
+    let proxy = common::Proxy::builder(&config, "services: {}\n")
+        .env("GLIBC_TUNABLES", "glibc.malloc.tcache_count=7")
+        .start()
+        .await;
+    let env = environ(proxy.pid().unwrap());
+    assert!(
+        env.iter()
+            .any(|v| v == "GLIBC_TUNABLES=glibc.malloc.tcache_count=7"),
+        "{env:?}"
+    );
+    assert!(
+        !env.iter().any(|v| v.starts_with("AETHER_MALLOC_TUNED")),
+        "{env:?}"
+    );
+}
