@@ -4,7 +4,7 @@
 
 use std::hint::black_box;
 
-use aether_proxy::accesslog::Entry;
+use aether_proxy::accesslog::{Entry, Rfc3339};
 use aether_proxy::http::headers::strip_hop_by_hop;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use http::{HeaderMap, HeaderValue};
@@ -63,7 +63,7 @@ fn bench(c: &mut Criterion) {
     }
 
     let entry = Entry {
-        time: "2026-12-01T23:11:55.123456789Z".into(),
+        time: Rfc3339(std::time::UNIX_EPOCH + std::time::Duration::new(1_796_166_715, 123_456_789)),
         direction: "inbound",
         method: "GET",
         authority: "payments.aether.internal",

@@ -21,7 +21,7 @@ use crate::accesslog::ConnLog;
 use crate::config::{Egress, Locality};
 use crate::drain::Drain;
 use crate::http::answer::Reason;
-use crate::metrics::{self, Direction, EgressLabels, RequestLabels};
+use crate::metrics::{self, Direction, EgressLabels};
 use crate::sockets::Spliced;
 
 /// Captured apps share the pod's address: per-source identities (SPEC section 3) are for
@@ -145,15 +145,7 @@ pub async fn egress(action: Egress, drain: &Drain, mut tcp: TcpStream, dst: Sock
 
 /// Counts a captured tcp connection as a request of the service's port (as CONNECT is).
 fn count(service: &str, port: u16, code: u16) {
-    metrics::get()
-        .requests
-        .get_or_create(&RequestLabels {
-            direction: Direction::outbound,
-            service: service.to_string(),
-            port,
-            code,
-        })
-        .inc();
+    metrics::count_request(Direction::outbound, service, port, code);
 }
 
 /// True when `first` (the first bytes a client sent) can begin an HTTP/1 request line (a
