@@ -364,6 +364,38 @@ mod tests {
         }
     }
 
+    /// What is read of a declined body is bounded: at most `DISCARD_BYTES` (the chunk that
+    /// crosses it is the last one pulled), so a client that keeps uploading cannot keep the
+    /// task reading.
+    #[tokio::test]
+    async fn a_declined_body_is_read_for_a_mebibyte_at_most() {
+        const CHUNK: usize = 64 * 1024;
+        let pulled = Arc::new(AtomicUsize::new(0));
+        let counter = pulled.clone();
+        let endless = futures_util::stream::repeat_with(move || {
+            counter.fetch_add(1, Ordering::Relaxed);
+            Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from(vec![0u8; CHUNK])))
+        });
+        tokio::time::timeout(Duration::from_secs(10), discard(StreamBody::new(endless)))
+            .await
+            .expect("an endless body is given up");
+        assert_eq!(pulled.load(Ordering::Relaxed), DISCARD_BYTES / CHUNK + 1);
+    }
+
+    /// ... and in time: a body that stops sending is given up after `DISCARD_TIME`.
+    #[tokio::test(start_paused = true)]
+    async fn a_declined_body_that_stalls_is_given_up_in_time() {
+        let stalled =
+            futures_util::stream::pending::<Result<Frame<Bytes>, std::convert::Infallible>>();
+        let start = tokio::time::Instant::now();
+        discard(StreamBody::new(stalled)).await;
+        let waited = start.elapsed();
+        assert!(
+            waited >= DISCARD_TIME && waited < DISCARD_TIME + Duration::from_secs(1),
+            "{waited:?}"
+        );
+    }
+
     /// A request without a body goes out as one HEADERS frame with END_STREAM (no task, no
     /// empty DATA frame): the peer sees an empty body that is at its end.
     #[tokio::test]
