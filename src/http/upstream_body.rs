@@ -12,8 +12,78 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// A response body from the next hop: an HTTP/1.1 connection's (through hyper) or an HTTP/2
 /// stream's (through h2, `outbound::h2_client`).
 pub enum UpBody {
-    H1(Incoming),
+    H1(H1Body),
     H2(H2Body),
+}
+
+impl UpBody {
+    /// A body whose connection is not pooled (or is back in its pool already).
+    pub fn h1(body: Incoming) -> UpBody {
+        UpBody::H1(H1Body { body, back: None })
+    }
+
+    /// A body that puts its pooled connection back when it ends (`outbound::pool`).
+    pub fn h1_pooled(body: Incoming, back: Option<GiveBack>) -> UpBody {
+        UpBody::H1(H1Body { body, back })
+    }
+}
+
+/// Puts a pooled HTTP/1.1 connection back once the response it carried has been read whole.
+pub type GiveBack = Box<dyn FnOnce() + Send + Sync>;
+
+/// A response body from an HTTP/1.1 connection. When it comes from a pooled one, it returns
+/// the connection as its last byte is taken: the connection is free before the response is
+/// written downstream, so the client's next request finds it in the pool.
+pub struct H1Body {
+    body: Incoming,
+    back: Option<GiveBack>,
+}
+
+impl H1Body {
+    fn give_back(&mut self) {
+        if let Some(back) = self.back.take() {
+            back();
+        }
+    }
+}
+
+impl Drop for H1Body {
+    /// A body that is complete may never be polled to its end (hyper stops at a known
+    /// length; HEAD and 204 answers have none).
+    fn drop(&mut self) {
+        if self.back.is_some() && self.body.is_end_stream() {
+            self.give_back();
+        }
+    }
+}
+
+impl Body for H1Body {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = &mut *self;
+        let polled = std::task::ready!(Pin::new(&mut this.body).poll_frame(cx));
+        match &polled {
+            Some(Ok(_)) if this.body.is_end_stream() => this.give_back(),
+            None => this.give_back(),
+            // A broken body's connection is not reused.
+            Some(Err(_)) => this.back = None,
+            Some(Ok(_)) => {}
+        }
+        Poll::Ready(polled)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
 }
 
 impl Body for UpBody {

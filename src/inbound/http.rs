@@ -275,7 +275,7 @@ impl HttpChains {
         })?;
         let Some(to) = upgrade::switched_to(&resp) else {
             headers::strip_hop_by_hop(resp.headers_mut());
-            return Ok((resp.map(|b| Either::Left(UpBody::H1(b))), None));
+            return Ok((resp.map(|b| Either::Left(UpBody::h1(b))), None));
         };
         let far = hyper::upgrade::on(&mut resp);
         headers::strip_hop_by_hop_upgrading(resp.headers_mut(), to);

@@ -518,7 +518,7 @@ impl Outbound {
                 out
             }
             Ok(upgrade::Answer::Refused { resp, active }) => Outcome {
-                resp: resp.map(|b| Either::Left(UpBody::H1(b))),
+                resp: resp.map(|b| Either::Left(UpBody::h1(b))),
                 reason: None,
                 upstream: Some(active.0.address),
                 service: None,

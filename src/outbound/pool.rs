@@ -18,6 +18,7 @@ use super::h2_client::H2SendError;
 pub use super::h2_client::{handshake as handshake_h2, H2};
 use crate::http::body::{ReqBody, UpBody};
 use crate::http::limits::{HYPER_MAX_BUF, UPSTREAM_IDLE_TIMEOUT as IDLE_TIMEOUT};
+use crate::http::upstream_body::GiveBack;
 
 pub type H1 = http1::SendRequest<ReqBody>;
 
@@ -182,21 +183,58 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
         StreamGuard(st)
     }
 
-    /// Returns an HTTP/1.1 connection to the pool once its current exchange is complete.
-    pub fn put_h1_when_ready(self: &Arc<Self>, key: K, mut h1: H1, uses: u32, max_uses: u32) {
+    /// What returns an HTTP/1.1 connection to the pool once its current exchange is
+    /// complete: nothing when it is back already (a response read whole with its head, the
+    /// common small one) or retired, else a hand-back for the end of the response body.
+    fn give_back_h1(
+        self: &Arc<Self>,
+        key: &K,
+        h1: H1,
+        uses: u32,
+        max_uses: u32,
+    ) -> Option<GiveBack> {
         if max_uses != 0 && uses >= max_uses {
-            return;
+            return None;
+        }
+        if h1.is_ready() {
+            self.put_h1(key.clone(), h1, uses);
+            return None;
         }
         let pool = Arc::downgrade(self);
-        tokio::spawn(async move {
+        let key = key.clone();
+        Some(Box::new(move || {
+            if let Some(pool) = pool.upgrade() {
+                pool.put_h1_when_ready(key, h1, uses);
+            }
+        }))
+    }
+
+    /// Pools `h1` now if it is idle, else once it is (the request body may still be going
+    /// out; a task waits for that).
+    fn put_h1_when_ready(self: &Arc<Self>, key: K, mut h1: H1, uses: u32) {
+        if h1.is_ready() {
+            self.put_h1(key, h1, uses);
+            return;
+        }
+        // A body dropped outside the runtime (at exit) has nowhere to wait.
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let pool = Arc::downgrade(self);
+        rt.spawn(async move {
             if h1.ready().await.is_err() {
                 return;
             }
-            let Some(pool) = pool.upgrade() else { return };
-            let mut map = pool.map.lock().unwrap_or_else(|e| e.into_inner());
-            let slot = map.entry(key).or_default();
-            slot.h1.push((h1, Instant::now(), uses));
+            if let Some(pool) = pool.upgrade() {
+                pool.put_h1(key, h1, uses);
+            }
         });
+    }
+
+    fn put_h1(&self, key: K, h1: H1, uses: u32) {
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = map.entry(key).or_default();
+        slot.h1.push((h1, Instant::now(), uses));
     }
 
     /// Drops pooled connections whose key fails `keep` (endpoints that left the catalog), and
@@ -284,8 +322,8 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
         match conn {
             Conn::H1(mut s, uses) => {
                 let resp = s.try_send_request(req).await.map_err(unsent)?;
-                self.put_h1_when_ready(key.clone(), s, uses + 1, max_uses);
-                Ok((resp.map(UpBody::H1), None))
+                let back = self.give_back_h1(key, s, uses + 1, max_uses);
+                Ok((resp.map(|b| UpBody::h1_pooled(b, back)), None))
             }
             Conn::H2(mut s, guard) => match s.send(req).await {
                 Ok(resp) => Ok((resp.map(UpBody::H2), Some(guard))),
@@ -402,5 +440,123 @@ mod tests {
         let _g = pool.put_h2(2, h2_sender().await, 2);
         assert!(pool.get(&2, 2).is_some());
         assert!(pool.get(&2, 2).is_none());
+    }
+}
+
+#[cfg(test)]
+mod h1_tests {
+    use super::*;
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Either, Empty, Full};
+    use hyper_util::rt::TokioIo;
+
+    use crate::http::body::Metered;
+
+    /// An HTTP/1.1 app on loopback: `/small` answers 64 bytes, `/big` 4 MiB (far more than
+    /// the socket buffers hold, so it is still arriving when its head is read), anything else
+    /// 204. Counts the connections it accepts.
+    async fn h1_app() -> (std::net::SocketAddr, Arc<AtomicU32>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicU32::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(|req: http::Request<_>| async move {
+                        let (status, body) = match req.uri().path() {
+                            "/small" => (200, Bytes::from(vec![b's'; 64])),
+                            "/big" => (200, Bytes::from(vec![b'b'; 4 << 20])),
+                            _ => (204, Bytes::new()),
+                        };
+                        let mut resp = http::Response::new(Full::new(body));
+                        *resp.status_mut() = http::StatusCode::from_u16(status).unwrap();
+                        Ok::<_, std::convert::Infallible>(resp)
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(tcp), svc)
+                        .await;
+                });
+            }
+        });
+        (addr, accepted)
+    }
+
+    fn get(path: &str) -> http::Request<ReqBody> {
+        let body = Metered::new(Either::Right(Empty::<Bytes>::new()), Arc::default());
+        http::Request::get(format!("http://app{path}"))
+            .body(body)
+            .unwrap()
+    }
+
+    /// Sends a GET for `path` on a pooled connection (a new one when the pool has none).
+    async fn send(
+        pool: &Arc<Pool<u8>>,
+        addr: std::net::SocketAddr,
+        path: &str,
+    ) -> http::Response<UpBody> {
+        let conn = match pool.get(&1, 0) {
+            Some(c) => c,
+            None => {
+                let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+                Conn::H1(handshake_h1(TokioIo::new(tcp), ()).await.unwrap(), 0)
+            }
+        };
+        match pool.send(&1, conn, get(path), 0).await {
+            Ok((resp, _)) => resp,
+            Err(_) => panic!("the app answers every request"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connection_is_pooled_as_its_answer_is_read_to_the_end() {
+        let (addr, accepted) = h1_app().await;
+        let pool: Arc<Pool<u8>> = Pool::new();
+        for path in ["/small", "/big", "/small", "/big"] {
+            let resp = send(&pool, addr, path).await;
+            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            assert!(!body.is_empty());
+            // No turn of the scheduler in between: the end of the body itself put it back, so
+            // the client's next request cannot miss it and dial another.
+            let Some(Conn::H1(h1, uses)) = pool.get(&1, 0) else {
+                panic!("after {path}, the connection must be in the pool already");
+            };
+            pool.put_h1(1, h1, uses);
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn an_answer_without_a_body_frees_its_connection_unread() {
+        let (addr, accepted) = h1_app().await;
+        let pool: Arc<Pool<u8>> = Pool::new();
+        for _ in 0..3 {
+            let resp = send(&pool, addr, "/none").await;
+            assert_eq!(resp.status(), 204);
+            // Never polled: hyper does not read a body it knows is empty.
+            drop(resp);
+        }
+        assert!(pool.get(&1, 0).is_some());
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn an_answer_dropped_half_read_does_not_pool_its_connection() {
+        let (addr, accepted) = h1_app().await;
+        let pool: Arc<Pool<u8>> = Pool::new();
+        let mut body = send(&pool, addr, "/big").await.into_body();
+        let first = body.frame().await.unwrap().unwrap();
+        assert!(first.is_data());
+        drop(body);
+        // The rest of that answer is still on the connection: it must not carry another.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(pool.get(&1, 0).is_none());
+        let resp = send(&pool, addr, "/small").await;
+        assert_eq!(
+            resp.into_body().collect().await.unwrap().to_bytes().len(),
+            64
+        );
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
     }
 }
