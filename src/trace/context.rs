@@ -63,7 +63,11 @@ impl TraceParent {
 
     /// The one `traceparent` of a request; several values (or none) make it absent.
     pub fn from_headers(h: &HeaderMap) -> Option<TraceParent> {
-        let mut all = h.get_all(TRACEPARENT).iter();
+        Self::from_values(h.get_all(TRACEPARENT).iter())
+    }
+
+    /// The one value of `all` as a `traceparent`; several (or none) make it absent.
+    pub fn from_values<'a>(mut all: impl Iterator<Item = &'a HeaderValue>) -> Option<TraceParent> {
         match (all.next(), all.next()) {
             (Some(v), None) => TraceParent::parse(v.as_bytes()),
             _ => None,

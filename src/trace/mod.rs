@@ -39,12 +39,17 @@ impl Tracer {
     /// rate, and the server side leaves the headers as they are. `tracestate` and B3 headers
     /// are never touched.
     pub fn start(&self, headers: &mut HeaderMap, side: Side) -> RequestTrace {
-        let incoming = TraceParent::from_headers(headers);
-        if incoming.is_some() {
-            if let Some(v) = headers.get_mut(TRACEPARENT) {
-                crate::http::headers::never_indexed(v);
+        // One lookup for reading and marking it (this runs on every request).
+        let incoming = match headers.entry(TRACEPARENT) {
+            http::header::Entry::Occupied(mut e) => {
+                let tp = TraceParent::from_values(e.iter());
+                if tp.is_some() {
+                    crate::http::headers::never_indexed(e.get_mut());
+                }
+                tp
             }
-        }
+            http::header::Entry::Vacant(_) => None,
+        };
         let (tp, created) = match (incoming, side) {
             (Some(tp), _) => (tp, false),
             (None, Side::Server) => return RequestTrace::default(),
