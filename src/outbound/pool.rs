@@ -360,7 +360,11 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Either, Empty, Full};
     use hyper_util::rt::TokioIo;
+
+    use crate::http::body::Metered;
 
     /// An h2c server that accepts connections and never answers (streams are never used here).
     async fn h2_sender() -> H2 {
@@ -441,16 +445,6 @@ mod tests {
         assert!(pool.get(&2, 2).is_some());
         assert!(pool.get(&2, 2).is_none());
     }
-}
-
-#[cfg(test)]
-mod h1_tests {
-    use super::*;
-    use bytes::Bytes;
-    use http_body_util::{BodyExt, Either, Empty, Full};
-    use hyper_util::rt::TokioIo;
-
-    use crate::http::body::Metered;
 
     /// An HTTP/1.1 app on loopback: `/small` answers 64 bytes, `/big` 4 MiB (far more than
     /// the socket buffers hold, so it is still arriving when its head is read), anything else
@@ -496,14 +490,24 @@ mod h1_tests {
         addr: std::net::SocketAddr,
         path: &str,
     ) -> http::Response<UpBody> {
-        let conn = match pool.get(&1, 0) {
+        send_limited(pool, addr, path, 0).await
+    }
+
+    /// As `send`, with connections retired after `max_uses` requests (0: never).
+    async fn send_limited(
+        pool: &Arc<Pool<u8>>,
+        addr: std::net::SocketAddr,
+        path: &str,
+        max_uses: u32,
+    ) -> http::Response<UpBody> {
+        let conn = match pool.get(&1, max_uses) {
             Some(c) => c,
             None => {
                 let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
                 Conn::H1(handshake_h1(TokioIo::new(tcp), ()).await.unwrap(), 0)
             }
         };
-        match pool.send(&1, conn, get(path), 0).await {
+        match pool.send(&1, conn, get(path), max_uses).await {
             Ok((resp, _)) => resp,
             Err(_) => panic!("the app answers every request"),
         }
@@ -541,6 +545,24 @@ mod h1_tests {
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
     }
 
+    /// `max_requests_per_connection` (SPEC section 4) for HTTP/1.1: the request that reaches
+    /// the limit does not return its connection, whichever way the return happens.
+    #[tokio::test]
+    async fn an_h1_connection_is_retired_at_its_request_limit() {
+        let (addr, accepted) = h1_app().await;
+        let pool: Arc<Pool<u8>> = Pool::new();
+        for path in ["/small", "/big", "/small", "/big", "/none", "/small"] {
+            let resp = send_limited(&pool, addr, path, 2).await;
+            resp.into_body().collect().await.unwrap();
+        }
+        // Two requests on each of three connections; the last one's second retired it.
+        assert_eq!(accepted.load(Ordering::SeqCst), 3);
+        assert!(pool.get(&1, 2).is_none());
+    }
+
+    /// End to end, with the pool's own readiness check: a connection whose answer was
+    /// dropped half read never carries another request, and the next request is served on a
+    /// new one.
     #[tokio::test]
     async fn an_answer_dropped_half_read_does_not_pool_its_connection() {
         let (addr, accepted) = h1_app().await;
