@@ -45,6 +45,7 @@ pub async fn forward(
     // Each write side is shut down when the other side's read ends, so a half-closed peer
     // still gets the app's remaining answer.
     let idle = crate::http::limits::timers().tunnel_idle;
+    tls.batch_writes();
     let spliced = crate::sockets::splice(&mut tls, &mut app, idle, "inbound", drain).await;
     log.finish(&spliced);
 }

@@ -92,6 +92,7 @@ pub async fn tunnel_to(
     let held = (ActiveGuard::new(ep.clone()), admitted, slot);
     count(&service.name, cluster.port, 200);
     let idle = crate::http::limits::timers().tunnel_idle;
+    tls.batch_writes();
     let spliced = crate::sockets::splice(&mut tcp, &mut tls, idle, "outbound", drain).await;
     drop(held);
     log.finish(&spliced);

@@ -74,6 +74,7 @@ pub fn splice<G: Send + 'static>(
             let mut near = TokioIo::new(near.await.map_err(io::Error::other)?);
             Ok::<_, io::Error>(match far {
                 Far::Tls(mut tls) => {
+                    tls.batch_writes();
                     crate::sockets::splice(&mut near, &mut tls, idle, listener, &drain).await
                 }
                 Far::Upgraded(up) => {

@@ -5,7 +5,7 @@
 //! moves either way for `Timers::tunnel_idle`.
 
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -16,6 +16,7 @@ use crate::drain::{Drain, Phase};
 use crate::http::body::Activity;
 use crate::http::limits::{KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES};
 
+mod pump;
 pub mod read_ahead;
 pub use read_ahead::{ReadAhead, ReadReady};
 
@@ -52,13 +53,40 @@ fn set_keepalive(sock: socket2::SockRef<'_>) {
 /// request's instructions, measured with callgrind). With nothing buffered in the TLS layer
 /// and a socket not ready, the answer is `Pending` at once; the readiness poll registers the
 /// waker as the read would have.
+///
+/// A read also takes every further record already received (in BoringSSL or the read-ahead
+/// below it) while a whole record still fits: `SSL_read` opens one record per call, so a bulk
+/// stream would otherwise be written on in 16 KiB pieces, one segment each. An error met after
+/// bytes were taken is kept for the next read.
 pub struct Tls<S> {
     inner: tokio_boring::SslStream<S>,
+    late_error: Option<std::io::Error>,
 }
 
 impl<S> Tls<S> {
     pub fn new(inner: tokio_boring::SslStream<S>) -> Tls<S> {
-        Tls { inner }
+        Tls {
+            inner,
+            late_error: None,
+        }
+    }
+}
+
+impl<S: ReadReady> Tls<S> {
+    /// Whether bytes already received wait to be opened (no socket read needed to start).
+    fn has_received(&self) -> bool {
+        use foreign_types::ForeignTypeRef;
+        // SAFETY: a plain query on a live SSL object owned by the stream.
+        let in_tls = unsafe { boring_sys::SSL_has_pending(self.inner.ssl().as_ptr()) } != 0;
+        in_tls || self.inner.get_ref().has_buffered()
+    }
+}
+
+impl<S: AsyncWrite + Unpin> Tls<ReadAhead<S>> {
+    /// Sealed records are sent in batches from now on ([`ReadAhead::batch_writes`]): for
+    /// splices, which flush whenever they wait.
+    pub fn batch_writes(&mut self) {
+        self.inner.get_mut().batch_writes();
     }
 }
 
@@ -81,13 +109,31 @@ impl<S: AsyncRead + AsyncWrite + ReadReady + Unpin> AsyncRead for Tls<S> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        use foreign_types::ForeignTypeRef;
-        // SAFETY: a plain query on a live SSL object owned by the stream.
-        let buffered = unsafe { boring_sys::SSL_has_pending(self.inner.ssl().as_ptr()) } != 0;
-        if !buffered && self.inner.get_mut().poll_read_ready(cx).is_pending() {
+        if let Some(e) = self.late_error.take() {
+            return Poll::Ready(Err(e));
+        }
+        if !self.has_received() && self.inner.get_mut().poll_read_ready(cx).is_pending() {
             return Poll::Pending;
         }
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        let start = buf.filled().len();
+        ready!(Pin::new(&mut self.inner).poll_read(cx, buf))?;
+        if buf.filled().len() == start {
+            return Poll::Ready(Ok(())); // end of stream
+        }
+        while buf.remaining() >= RECORD && self.has_received() {
+            let at = buf.filled().len();
+            match Pin::new(&mut self.inner).poll_read(cx, buf) {
+                Poll::Ready(Ok(())) if buf.filled().len() > at => {}
+                Poll::Ready(Err(e)) => {
+                    self.late_error = Some(e);
+                    break;
+                }
+                // The end of stream (seen again by the next read) or a record still partly
+                // on the wire (the waker is registered).
+                _ => break,
+            }
+        }
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -208,11 +254,6 @@ impl Spliced {
     }
 }
 
-/// Each direction's copy buffer: one read fills a whole TLS record (16 KiB of plaintext), so a
-/// TLS side writes full records, one syscall each. Tokio's default (8 KiB) made two records of
-/// every 16 KiB, doubling the per-record sealing and the syscalls.
-pub const SPLICE_BUFFER: usize = RECORD;
-
 /// Copies bytes both ways until both sides are done (half-close respected: each write side is
 /// shut down when the other side's read ends), an error, `idle` without a byte either way
 /// (counted for `listener`), or the end of the drain (`Phase::Cut`).
@@ -239,8 +280,7 @@ where
         read: 0,
     };
     let end = {
-        let copy =
-            tokio::io::copy_bidirectional_with_sizes(&mut a, &mut b, SPLICE_BUFFER, SPLICE_BUFFER);
+        let copy = pump::both(&mut a, &mut b);
         tokio::pin!(copy);
         let cut = Drain::reached(drain.watch(), Phase::Cut);
         tokio::pin!(cut);
@@ -342,6 +382,93 @@ mod tests {
             .await
             .unwrap();
         (Tls::new(server), client.await.unwrap())
+    }
+
+    /// Waits until `n` bytes have been read ahead under `tls` (they have all arrived).
+    async fn until_received(tls: &Tls<ReadAhead<TcpStream>>, n: usize) {
+        for _ in 0..500 {
+            let mut probe = vec![0u8; n];
+            if tls.get_ref().get_ref().peek(&mut probe).await.unwrap() >= n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        panic!("{n} bytes never arrived");
+    }
+
+    #[tokio::test]
+    async fn a_read_takes_every_record_already_received() {
+        let (mut tls, mut peer) = tls_pair().await;
+        let blob: Vec<u8> = (0..3 * RECORD as u32).map(|i| (i % 253) as u8).collect();
+        peer.write_all(&blob).await.unwrap();
+        peer.flush().await.unwrap();
+        // Three records and their framing, all on our socket before the first read.
+        until_received(&tls, blob.len() + 3 * 22).await;
+        let mut buf = vec![0u8; 4 * RECORD];
+        let n = tls.read(&mut buf).await.unwrap();
+        assert_eq!(
+            n,
+            blob.len(),
+            "one read, every record (SSL_read alone opens one)"
+        );
+        assert!(buf[..n] == blob[..]);
+
+        // Room for less than a record: the read stops at what fits whole.
+        peer.write_all(&blob[..2 * RECORD]).await.unwrap();
+        peer.flush().await.unwrap();
+        let mut small = vec![0u8; RECORD + 100];
+        let n = tls.read(&mut small).await.unwrap();
+        assert_eq!(n, RECORD);
+    }
+
+    #[tokio::test]
+    async fn an_error_after_received_records_comes_after_their_bytes() {
+        let (mut tls, mut peer) = tls_pair().await;
+        peer.write_all(b"good record").await.unwrap();
+        peer.flush().await.unwrap();
+        // Then a record that cannot be opened (application data, its tag wrong).
+        let mut bad = vec![23u8, 3, 3, 0, 40];
+        bad.extend_from_slice(&[0x5a; 40]);
+        peer.get_mut().write_all(&bad).await.unwrap();
+        until_received(&tls, 11 + 22 + bad.len()).await;
+        let mut buf = vec![0u8; 4 * RECORD];
+        let n = tls.read(&mut buf).await.unwrap();
+        assert_eq!(&buf[..n], b"good record");
+        let e = tls.read(&mut buf).await;
+        assert!(e.is_err(), "the bad record is reported next: {e:?}");
+    }
+
+    #[tokio::test]
+    async fn splice_writes_go_out_in_batches_at_flush() {
+        let (mut tls, mut peer) = tls_pair().await;
+        tls.batch_writes();
+        assert!(
+            !tls.get_ref().is_write_vectored(),
+            "batched: one slice at a time"
+        );
+        let blob: Vec<u8> = (0..3 * RECORD as u32).map(|i| (i % 241) as u8).collect();
+        tls.write_all(&blob).await.unwrap();
+        // Three sealed records wait in the batch: nothing has reached the socket.
+        let mut probe = [0u8; 1];
+        let peeked =
+            tokio::time::timeout(Duration::from_millis(100), peer.get_ref().peek(&mut probe)).await;
+        assert!(peeked.is_err(), "a batch went out before the flush");
+        tls.flush().await.unwrap();
+        let mut got = vec![0u8; blob.len()];
+        peer.read_exact(&mut got).await.unwrap();
+        assert!(got == blob, "the bytes arrive whole and in order");
+
+        // More than a batch holds goes out as the batch fills; the rest at shutdown, then
+        // the close.
+        let big: Vec<u8> = (0..10 * RECORD as u32).map(|i| (i % 239) as u8).collect();
+        let reader = tokio::spawn(async move {
+            let mut all = Vec::new();
+            peer.read_to_end(&mut all).await.unwrap();
+            all
+        });
+        tls.write_all(&big).await.unwrap();
+        tls.shutdown().await.unwrap();
+        assert!(reader.await.unwrap() == big);
     }
 
     #[tokio::test]

@@ -6,12 +6,19 @@
 //! a short read). Reading ahead into a buffer makes it one `recv` for a small message and one
 //! per several 16 KiB records in bulk, at the cost of copying the bytes once more.
 //!
+//! A spliced connection also batches its writes here ([`ReadAhead::batch_writes`]): BoringSSL
+//! hands over one sealed record at a time, and sent one `send` each, a bulk stream of 16 KiB
+//! records leaves as 16 KiB segments, each costing both kernels a trip through TCP. Gathered
+//! up to [`WRITE_BATCH`] and sent at once (or when the splice flushes: whenever it has
+//! nothing more to read), they leave as 64 KiB segments. HTTP connections write through: hyper
+//! flushes after every write anyway, so a batch would only add a copy.
+//!
 //! The inbound listener also reads the ClientHello itself (to pick a chain by SNI) before
 //! BoringSSL exists; those bytes start the buffer, so the TLS stack sees them again.
 
 use std::io;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -21,6 +28,11 @@ use tokio::net::TcpStream;
 /// stream frees its buffer when the answer is no).
 pub trait ReadReady {
     fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
+
+    /// Whether bytes taken from the socket wait here.
+    fn has_buffered(&self) -> bool {
+        false
+    }
 }
 
 impl ReadReady for TcpStream {
@@ -45,7 +57,19 @@ pub const READ_AHEAD: usize = 4 * (16 * 1024 + 64);
 pub struct ReadAhead<S> {
     buf: BytesMut,
     inner: S,
+    /// Writes waiting to go out together, `Some` once [`ReadAhead::batch_writes`] was asked.
+    batch: Option<Batch>,
 }
+
+/// Sealed records gathered for one `send`; `out[sent..]` is still to go.
+#[derive(Debug, Default)]
+struct Batch {
+    out: Vec<u8>,
+    sent: usize,
+}
+
+/// The most a write batch gathers: four full records, as much as one read ahead takes.
+pub const WRITE_BATCH: usize = READ_AHEAD;
 
 impl<S> ReadAhead<S> {
     pub fn new(inner: S) -> Self {
@@ -54,7 +78,17 @@ impl<S> ReadAhead<S> {
 
     /// Reads yield `prefix` first (bytes already taken from `inner`).
     pub fn with_prefix(prefix: BytesMut, inner: S) -> Self {
-        ReadAhead { buf: prefix, inner }
+        ReadAhead {
+            buf: prefix,
+            inner,
+            batch: None,
+        }
+    }
+
+    /// From now on, writes are gathered and sent together, when [`WRITE_BATCH`] bytes wait or
+    /// at a flush or shutdown. For splices, which flush whenever their reader waits.
+    pub fn batch_writes(&mut self) {
+        self.batch.get_or_insert_with(Batch::default);
     }
 
     pub fn get_ref(&self) -> &S {
@@ -110,6 +144,10 @@ fn take_spare() -> BytesMut {
 }
 
 impl<S: ReadReady> ReadReady for ReadAhead<S> {
+    fn has_buffered(&self) -> bool {
+        !self.buf.is_empty()
+    }
+
     fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         if !self.buf.is_empty() {
             return Poll::Ready(Ok(()));
@@ -169,13 +207,47 @@ impl<S: AsyncRead + Unpin> AsyncRead for ReadAhead<S> {
     }
 }
 
+impl<S: AsyncWrite + Unpin> ReadAhead<S> {
+    /// Sends what the batch holds; `Ready(Ok)` once it is empty. Its memory goes with it: a
+    /// batch lives only while a burst is being written.
+    fn poll_send_batch(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let Some(b) = self.batch.as_mut() else {
+            return Poll::Ready(Ok(()));
+        };
+        while b.sent < b.out.len() {
+            let n = ready!(Pin::new(&mut self.inner).poll_write(cx, &b.out[b.sent..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            b.sent += n;
+        }
+        *b = Batch::default();
+        Poll::Ready(Ok(()))
+    }
+}
+
 impl<S: AsyncWrite + Unpin> AsyncWrite for ReadAhead<S> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+        let this = self.get_mut();
+        let Some(b) = this.batch.as_ref() else {
+            return Pin::new(&mut this.inner).poll_write(cx, buf);
+        };
+        if b.out.len() + buf.len() > WRITE_BATCH {
+            ready!(this.poll_send_batch(cx))?;
+        }
+        let b = this.batch.as_mut().expect("batching stays on");
+        if b.out.is_empty() && buf.len() >= WRITE_BATCH {
+            return Pin::new(&mut this.inner).poll_write(cx, buf);
+        }
+        if b.out.capacity() == 0 {
+            b.out.reserve_exact(WRITE_BATCH);
+        }
+        b.out.extend_from_slice(buf);
+        Poll::Ready(Ok(buf.len()))
     }
 
     fn poll_write_vectored(
@@ -183,19 +255,31 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for ReadAhead<S> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        if this.batch.is_some() {
+            let first = bufs
+                .iter()
+                .find(|b| !b.is_empty())
+                .map_or(&[][..], |b| &**b);
+            return Pin::new(this).poll_write(cx, first);
+        }
+        Pin::new(&mut this.inner).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
+        self.batch.is_none() && self.inner.is_write_vectored()
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+        let this = self.get_mut();
+        ready!(this.poll_send_batch(cx))?;
+        Pin::new(&mut this.inner).poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+        let this = self.get_mut();
+        ready!(this.poll_send_batch(cx))?;
+        Pin::new(&mut this.inner).poll_shutdown(cx)
     }
 }
 
