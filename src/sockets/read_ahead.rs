@@ -207,22 +207,33 @@ impl<S: AsyncRead + Unpin> AsyncRead for ReadAhead<S> {
     }
 }
 
-impl<S: AsyncWrite + Unpin> ReadAhead<S> {
-    /// Sends what the batch holds; `Ready(Ok)` once it is empty. Its memory goes with it: a
-    /// batch lives only while a burst is being written.
-    fn poll_send_batch(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let Some(b) = self.batch.as_mut() else {
-            return Poll::Ready(Ok(()));
-        };
-        while b.sent < b.out.len() {
-            let n = ready!(Pin::new(&mut self.inner).poll_write(cx, &b.out[b.sent..]))?;
+impl Batch {
+    /// Sends what the batch holds to `to`; `Ready(Ok)` once it is empty. Its memory goes with
+    /// it: a batch lives only while a burst is being written.
+    fn poll_send<S: AsyncWrite + Unpin>(
+        &mut self,
+        cx: &mut Context<'_>,
+        to: &mut S,
+    ) -> Poll<io::Result<()>> {
+        while self.sent < self.out.len() {
+            let n = ready!(Pin::new(&mut *to).poll_write(cx, &self.out[self.sent..]))?;
             if n == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
-            b.sent += n;
+            self.sent += n;
         }
-        *b = Batch::default();
+        *self = Batch::default();
         Poll::Ready(Ok(()))
+    }
+}
+
+impl<S: AsyncWrite + Unpin> ReadAhead<S> {
+    /// Sends the batch, if writes are batched.
+    fn poll_send_batch(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.batch.as_mut() {
+            Some(b) => b.poll_send(cx, &mut self.inner),
+            None => Poll::Ready(Ok(())),
+        }
     }
 }
 
@@ -233,13 +244,12 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for ReadAhead<S> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        let Some(b) = this.batch.as_ref() else {
+        let Some(b) = this.batch.as_mut() else {
             return Pin::new(&mut this.inner).poll_write(cx, buf);
         };
         if b.out.len() + buf.len() > WRITE_BATCH {
-            ready!(this.poll_send_batch(cx))?;
+            ready!(b.poll_send(cx, &mut this.inner))?;
         }
-        let b = this.batch.as_mut().expect("batching stays on");
         if b.out.is_empty() && buf.len() >= WRITE_BATCH {
             return Pin::new(&mut this.inner).poll_write(cx, buf);
         }
