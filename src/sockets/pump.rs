@@ -35,14 +35,8 @@ struct Pump {
     eof: bool,
     /// Written since the last flush.
     dirty: bool,
-    state: State,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum State {
-    Copying,
-    ShuttingDown,
-    Done,
+    /// The writer has been shut down after the reader's end: nothing more to do.
+    done: bool,
 }
 
 impl Pump {
@@ -53,12 +47,13 @@ impl Pump {
             end: 0,
             eof: false,
             dirty: false,
-            state: State::Copying,
+            done: false,
         }
     }
 
-    /// Copies until the reader's end has been written and flushed.
-    fn poll_copy<R, W>(
+    /// Copies until the reader's end, then flushes and shuts the writer down (a half-close
+    /// passes through): `Ready` once this direction is finished.
+    fn poll_direction<R, W>(
         &mut self,
         cx: &mut Context<'_>,
         r: &mut R,
@@ -68,8 +63,8 @@ impl Pump {
         R: AsyncRead + Unpin + ?Sized,
         W: AsyncWrite + Unpin + ?Sized,
     {
-        loop {
-            if self.pos == self.end && !self.eof {
+        while !self.eof {
+            if self.pos == self.end {
                 let mut into = ReadBuf::new(&mut self.buf);
                 match Pin::new(&mut *r).poll_read(cx, &mut into) {
                     Poll::Pending => {
@@ -99,12 +94,15 @@ impl Pump {
                 self.pos += n;
                 self.dirty = true;
             }
-            if self.eof {
-                ready!(Pin::new(&mut *w).poll_flush(cx))?;
-                self.dirty = false;
-                return Poll::Ready(Ok(()));
-            }
         }
+        if !self.done {
+            ready!(Pin::new(&mut *w).poll_flush(cx))?;
+            ready!(Pin::new(&mut *w).poll_shutdown(cx))?;
+            self.done = true;
+            // The buffer is not needed any more; the other direction may run for long.
+            self.buf = Box::default();
+        }
+        Poll::Ready(Ok(()))
     }
 
     /// The bytes waiting to be written move to a buffer of [`BULK`] bytes.
@@ -113,34 +111,6 @@ impl Pump {
         let waiting = self.end - self.pos;
         bigger[..waiting].copy_from_slice(&self.buf[self.pos..self.end]);
         (self.buf, self.pos, self.end) = (bigger, 0, waiting);
-    }
-
-    /// Copies, then shuts the writer down: `Ready` once this direction is finished.
-    fn poll_direction<R, W>(
-        &mut self,
-        cx: &mut Context<'_>,
-        r: &mut R,
-        w: &mut W,
-    ) -> Poll<io::Result<()>>
-    where
-        R: AsyncRead + Unpin + ?Sized,
-        W: AsyncWrite + Unpin + ?Sized,
-    {
-        loop {
-            match self.state {
-                State::Copying => {
-                    ready!(self.poll_copy(cx, r, w))?;
-                    self.state = State::ShuttingDown;
-                }
-                State::ShuttingDown => {
-                    ready!(Pin::new(&mut *w).poll_shutdown(cx))?;
-                    self.state = State::Done;
-                    // The buffer is not needed any more; the other direction may run for long.
-                    self.buf = Box::default();
-                }
-                State::Done => return Poll::Ready(Ok(())),
-            }
-        }
     }
 
     #[cfg(test)]
@@ -180,7 +150,7 @@ mod tests {
         src.write_all(b"hello").await.unwrap();
         let mut got = [0u8; 5];
         let copied = std::future::poll_fn(|cx| {
-            let _ = p.poll_copy(cx, &mut near, &mut far);
+            let _ = p.poll_direction(cx, &mut near, &mut far);
             Poll::Ready(())
         });
         copied.await;
@@ -222,7 +192,7 @@ mod tests {
         src.write_all(&vec![7u8; START * 2]).await.unwrap();
         let mut p = Pump::new();
         std::future::poll_fn(|cx| {
-            let _ = p.poll_copy(cx, &mut near, &mut far);
+            let _ = p.poll_direction(cx, &mut near, &mut far);
             Poll::Ready(())
         })
         .await;
