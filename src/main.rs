@@ -40,7 +40,12 @@ enum Cmd {
         workloads: Vec<String>,
     },
     /// Run a complete local mesh on loopback (two server pods, a client pod, demo apps).
-    Demo,
+    Demo {
+        /// After the first requests, send traffic of every kind (h1, h2c, raw TCP) for this
+        /// many seconds, print what came back, and stop.
+        #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=3600))]
+        load: Option<u64>,
+    },
     /// The pod's capture rules: print them as `iptables-restore` input, apply or remove them.
     Redirect {
         /// The proxy's uid; its own connections are never captured.
@@ -83,7 +88,7 @@ fn main() -> ExitCode {
             trust_domain,
             workloads,
         } => aether_proxy::identity::certgen::main(&out, &trust_domain, &workloads),
-        Cmd::Demo => aether_proxy::demo::main(),
+        Cmd::Demo { load } => aether_proxy::demo::main(load),
         Cmd::Redirect {
             proxy_uid,
             outbound_port,

@@ -4,10 +4,15 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+/// Both tests take the demo's fixed addresses: one at a time.
+static DEMO: Mutex<()> = Mutex::new(());
 
 #[test]
 fn demo_brings_up_a_mesh_and_shows_the_addressing_table() {
+    let _one = DEMO.lock().unwrap_or_else(|p| p.into_inner());
     let mut child = Command::new(env!("CARGO_BIN_EXE_aether-proxy"))
         .arg("demo")
         .stdout(Stdio::piped())
@@ -72,4 +77,63 @@ fn demo_brings_up_a_mesh_and_shows_the_addressing_table() {
         "{out}"
     );
     assert!(status.success(), "demo exit status {status}");
+}
+
+/// `demo --load`: every kind of traffic flows for the time asked, each line counts answers and
+/// failures, and the demo ends by itself with a status that says whether all succeeded.
+#[test]
+fn demo_load_sends_every_kind_of_traffic_and_stops() {
+    let _one = DEMO.lock().unwrap_or_else(|p| p.into_inner());
+    let started = Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_aether-proxy"))
+        .args(["demo", "--load", "3"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("demo starts");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("demo --load 3 still running after 90 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(status.success(), "status {status}\n{stdout}\n{stderr}");
+    assert!(
+        started.elapsed() >= Duration::from_secs(3),
+        "ended before its load time: {stdout}"
+    );
+    let load = stdout
+        .split("Load for 3 s")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no load section:\n{stdout}"));
+    for kind in [
+        "h1 GET /,",
+        "h1 GET /16k",
+        "a new connection each",
+        "h2c :9090",
+        "tcp :5432",
+    ] {
+        let line = load
+            .lines()
+            .find(|l| l.contains(kind))
+            .unwrap_or_else(|| panic!("no line for {kind}:\n{stdout}"));
+        assert!(line.ends_with(", 0 failed"), "{line}");
+        // "<n> requests," or "<n> MiB echoed,".
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let count: u64 = words
+            .windows(3)
+            .find(|w| w[1] == "requests," || (w[1] == "MiB" && w[2] == "echoed,"))
+            .and_then(|w| w[0].parse().ok())
+            .unwrap_or_else(|| panic!("no count in {line}"));
+        assert!(count > 0, "{line}");
+    }
+    assert!(!load.contains("first failure"), "{stdout}");
 }

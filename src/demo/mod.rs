@@ -1,7 +1,10 @@
 //! `aether-proxy demo`: a complete mesh on loopback. Two `payments` pods (v1 serves 8080; v2
 //! serves 8080, gRPC-style h2c on 9090 and raw TCP on 5432), a `frontend` client pod, their
 //! sidecars as real child processes, demo apps served by this process, and a first round of
-//! requests through the mesh so the addressing table is visible at once.
+//! requests through the mesh so the addressing table is visible at once. With `--load`, traffic
+//! of every kind for a set time after that (`load`), then the demo ends.
+
+mod load;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -72,7 +75,9 @@ impl Drop for Children {
     }
 }
 
-pub fn main() -> ExitCode {
+/// `load`: seconds of traffic after the first requests, then stop (instead of waiting for
+/// Ctrl-C); the exit status says whether every request and tunnel succeeded.
+pub fn main(load: Option<u64>) -> ExitCode {
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -85,12 +90,12 @@ pub fn main() -> ExitCode {
         }
     };
     let dir = std::env::temp_dir().join(format!("aether-demo-{}", std::process::id()));
-    let code = rt.block_on(run(&dir));
+    let code = rt.block_on(run(&dir, load));
     let _ = std::fs::remove_dir_all(&dir);
     code
 }
 
-async fn run(dir: &Path) -> ExitCode {
+async fn run(dir: &Path, load: Option<u64>) -> ExitCode {
     if let Err(e) = std::fs::create_dir_all(dir) {
         eprintln!("error: {}: {e}", dir.display());
         return ExitCode::FAILURE;
@@ -192,6 +197,15 @@ async fn run(dir: &Path) -> ExitCode {
         "CONNECT payments...:5432 (echo)",
         connect_probe().await
     );
+    if let Some(secs) = load {
+        let clean = load::run(CLIENT_OUTBOUND, secs).await;
+        drop(children);
+        return if clean {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
+    }
     println!(
         "\nTry it yourself:\n  curl -H 'Host: payments.aether.internal:9090' http://{CLIENT_OUTBOUND}/\n  curl --http2-prior-knowledge http://{CLIENT_OUTBOUND}/ -H 'Host: payments.aether.internal:9090'\n  curl http://{CLIENT_ADMIN}/clusters\n  curl http://{CLIENT_ADMIN}/metrics\n  openssl s_client -connect {}:15008 -servername 9090 -alpn h2 -cert {c}/frontend.crt -key {c}/frontend.key -CAfile {c}/ca.crt\n\nCtrl-C stops the demo.",
         PODS[1].proxy,
@@ -284,7 +298,8 @@ fn write_files(dir: &Path) -> std::io::Result<Vec<(String, PathBuf)>> {
     Ok(files)
 }
 
-/// The demo apps: HTTP on 8080 (h1 or h2c), h2c on 9090, a TCP echo on 5432.
+/// The demo apps: HTTP on 8080 (h1 or h2c; `/16k` answers 16 KiB), h2c on 9090, a TCP echo on
+/// 5432.
 async fn start_app(addr: SocketAddr, pod: &'static str, port: u16) -> std::io::Result<()> {
     let listener = TcpListener::bind(addr).await?;
     tokio::spawn(async move {
@@ -300,6 +315,11 @@ async fn start_app(addr: SocketAddr, pod: &'static str, port: u16) -> std::io::R
                     return;
                 }
                 let svc = service_fn(move |req: Request<Incoming>| async move {
+                    if req.uri().path() == "/16k" {
+                        return Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(
+                            &[b'x'; 16 * 1024],
+                        ))));
+                    }
                     let body = format!(
                         "hello from {pod}, port {port}, {:?}, x-forwarded-client-cert: {}\n",
                         req.version(),
