@@ -3,6 +3,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+#[global_allocator]
+static ALLOCATOR: aether_proxy::memory::Allocator = aether_proxy::memory::Allocator;
+
 #[derive(Parser)]
 #[command(
     name = "aether-proxy",
