@@ -1,11 +1,12 @@
 //! Per-request header and access-log work on both sides of a proxy: the hop-by-hop rules on a
 //! request that carries none, on a response that says `Connection: keep-alive` (nginx does), and
-//! on a gRPC request (`te: trailers`), and writing one access-log line.
+//! on a gRPC request (`te: trailers`), adding an `x-request-id` to a request without one, and
+//! writing one access-log line.
 
 use std::hint::black_box;
 
 use aether_proxy::accesslog::{Entry, Rfc3339};
-use aether_proxy::http::headers::strip_hop_by_hop;
+use aether_proxy::http::headers::{ensure_request_id, strip_hop_by_hop};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use http::{HeaderMap, HeaderValue};
 
@@ -33,6 +34,15 @@ fn bench(c: &mut Criterion) {
             ]),
         ),
         (
+            "request, connection: close",
+            map(&[
+                ("host", "payments.aether.internal"),
+                ("user-agent", "h2load"),
+                ("accept", "*/*"),
+                ("connection", "close"),
+            ]),
+        ),
+        (
             "response, connection: keep-alive",
             map(&[
                 ("server", "nginx"),
@@ -52,6 +62,15 @@ fn bench(c: &mut Criterion) {
             ]),
         ),
     ];
+    // The client side of every request that comes without an id (wrk, h2load, most apps).
+    let bare = map(&[("host", "payments.aether.internal"), ("accept", "*/*")]);
+    c.bench_function("ensure_request_id/absent", |b| {
+        b.iter_batched_ref(
+            || bare.clone(),
+            |h| ensure_request_id(black_box(h)),
+            BatchSize::SmallInput,
+        )
+    });
     for (name, h) in cases {
         c.bench_function(&format!("strip_hop_by_hop/{name}"), |b| {
             b.iter_batched_ref(

@@ -26,9 +26,13 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap) {
     // One pass over the names finds which of them are present; most messages carry none, and
     // a lookup per absent name would cost more than the pass.
     let mut present = 0u8;
+    // A header literally named `close`: only then does `Connection: close` name one to remove.
+    let mut close_header = false;
     for n in h.keys() {
         if let Some(i) = hop_by_hop_at(n) {
             present |= 1 << i;
+        } else if n.as_str() == "close" {
+            close_header = true;
         }
     }
     if present == 0 {
@@ -43,8 +47,16 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap) {
             .flat_map(|v| v.split(','))
             .map(str::trim);
         for t in tokens {
-            // The usual token: `keep-alive` is removed below when present.
+            // The usual tokens: `keep-alive` is removed below when present, and `close`
+            // (every request of an h1 client that does not reuse connections) names a header
+            // only when the pass above saw one.
             if t.eq_ignore_ascii_case("keep-alive") {
+                continue;
+            }
+            if t.eq_ignore_ascii_case("close") {
+                if close_header {
+                    named.push(HeaderName::from_static("close"));
+                }
                 continue;
             }
             if let Ok(n) = HeaderName::from_bytes(t.as_bytes()) {
@@ -194,15 +206,26 @@ pub fn drop_underscored_counted(h: &mut HeaderMap, direction: crate::metrics::Di
     }
 }
 
-/// Adds `x-request-id` (a UUID) when absent; returns the request's id.
+/// Adds `x-request-id` (a version 4 UUID) when absent; returns the request's id.
+///
+/// The random bits come from the per-thread generator the trace ids use (`fastrand`), as
+/// Envoy's ids come from a fast generator: the id names a request, it guards nothing, and
+/// `uuid`'s own source (a ChaCha12 generator per thread) cost about 1.8k instructions a request.
 pub fn ensure_request_id(h: &mut HeaderMap) -> HeaderValue {
     if let Some(v) = h.get_mut(X_REQUEST_ID) {
         never_indexed(v);
         return v.clone();
     }
     let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
-    let id = uuid::Uuid::new_v4().hyphenated().encode_lower(&mut buf);
-    let mut v = HeaderValue::from_str(id).expect("a UUID is a valid header value");
+    let random = fastrand::u128(..).to_le_bytes();
+    uuid::Builder::from_random_bytes(random)
+        .into_uuid()
+        .hyphenated()
+        .encode_lower(&mut buf);
+    // One allocation that holds the text and a count, so the clone kept for the access log
+    // shares it (a copied value would be promoted to a second, shared allocation on clone).
+    let shared = bytes::Bytes::from_owner(buf);
+    let mut v = HeaderValue::from_maybe_shared(shared).expect("a UUID is a valid header value");
     never_indexed(&mut v);
     h.insert(X_REQUEST_ID, v.clone());
     v
@@ -318,6 +341,30 @@ mod tests {
         h.append("te", HeaderValue::from_static("trailers ,trailers"));
         strip_hop_by_hop(&mut h);
         assert_eq!(h.get_all("te").iter().count(), 2);
+    }
+
+    #[test]
+    fn connection_close_removes_a_header_named_close_and_nothing_else() {
+        for token in ["close", "Close", " keep-alive , CLOSE "] {
+            let mut h = HeaderMap::new();
+            h.insert("connection", HeaderValue::from_static(token));
+            h.insert("x-keep", HeaderValue::from_static("1"));
+            strip_hop_by_hop(&mut h);
+            assert_eq!(h.len(), 1, "{token}");
+            let mut h = HeaderMap::new();
+            h.insert("connection", HeaderValue::from_static(token));
+            h.insert("close", HeaderValue::from_static("1"));
+            h.insert("x-keep", HeaderValue::from_static("1"));
+            strip_hop_by_hop(&mut h);
+            assert!(!h.contains_key("close"), "{token}");
+            assert_eq!(h.len(), 1, "{token}");
+        }
+        // Without `Connection` naming it, a header called `close` is an ordinary one.
+        let mut h = HeaderMap::new();
+        h.insert("close", HeaderValue::from_static("1"));
+        h.insert("te", HeaderValue::from_static("gzip"));
+        strip_hop_by_hop(&mut h);
+        assert!(h.contains_key("close"));
     }
 
     #[test]
@@ -457,9 +504,17 @@ mod tests {
         assert!(h.get(X_REQUEST_ID).unwrap().is_sensitive());
         let mut h = HeaderMap::new();
         let v = ensure_request_id(&mut h);
-        assert!(uuid::Uuid::parse_str(v.to_str().unwrap()).is_ok());
+        let id = uuid::Uuid::parse_str(v.to_str().unwrap()).unwrap();
+        assert_eq!(id.get_version(), Some(uuid::Version::Random));
+        assert_eq!(id.get_variant(), uuid::Variant::RFC4122);
+        assert_eq!(v.len(), 36);
         assert_eq!(h.get(X_REQUEST_ID), Some(&v));
         assert!(h.get(X_REQUEST_ID).unwrap().is_sensitive());
+        // A new id for every request.
+        let ids: std::collections::HashSet<HeaderValue> = (0..1000)
+            .map(|_| ensure_request_id(&mut HeaderMap::new()))
+            .collect();
+        assert_eq!(ids.len(), 1000);
     }
 
     #[test]
