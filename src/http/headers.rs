@@ -273,33 +273,46 @@ pub fn xfcc_quote(v: &str) -> std::borrow::Cow<'_, str> {
 /// Points a request at its next hop. For HTTP/2 the URI becomes absolute with `authority`
 /// (sent as `:authority`) and `Host` goes; for HTTP/1.1 the URI becomes origin-form and `Host`
 /// is `authority` (a URI authority wins over a Host header, RFC 9112 3.2.2).
+///
+/// Most requests already have the form they leave in (an h2 request keeps its `:authority`, an
+/// h1 request its origin-form target and `Host`); those keep their URI and header, since a new
+/// URI parses and copies its parts (two allocations) and a new `Host` value copies too.
 pub fn retarget<B>(
     req: &mut http::Request<B>,
     to_h2: bool,
     authority: &str,
 ) -> Result<(), super::answer::Reason> {
     use super::answer::Reason;
-    let pq = req
-        .uri()
-        .path_and_query()
-        .map(|p| p.as_str())
-        .unwrap_or("/");
+    let uri = req.uri();
+    let pq = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
     if to_h2 {
-        let scheme = req.uri().scheme_str().unwrap_or("http");
-        let uri = http::Uri::builder()
-            .scheme(scheme)
-            .authority(authority)
-            .path_and_query(pq)
-            .build()
-            .map_err(|_| Reason::BadAuthority)?;
-        *req.uri_mut() = uri;
+        let ready = uri.scheme().is_some() && uri.authority().is_some_and(|a| a == authority);
+        if !ready {
+            let scheme = uri.scheme_str().unwrap_or("http");
+            let uri = http::Uri::builder()
+                .scheme(scheme)
+                .authority(authority)
+                .path_and_query(pq)
+                .build()
+                .map_err(|_| Reason::BadAuthority)?;
+            *req.uri_mut() = uri;
+        }
         req.headers_mut().remove(http::header::HOST);
         *req.version_mut() = http::Version::HTTP_2;
     } else {
-        let uri = http::Uri::try_from(pq).map_err(|_| Reason::BadAuthority)?;
-        let host = HeaderValue::from_str(authority).map_err(|_| Reason::BadAuthority)?;
-        *req.uri_mut() = uri;
-        req.headers_mut().insert(http::header::HOST, host);
+        if uri.scheme().is_some() || uri.authority().is_some() {
+            let uri = http::Uri::try_from(pq).map_err(|_| Reason::BadAuthority)?;
+            *req.uri_mut() = uri;
+        }
+        let mut hosts = req.headers().get_all(http::header::HOST).iter();
+        let host_is_authority = hosts
+            .next()
+            .is_some_and(|h| h.as_bytes() == authority.as_bytes())
+            && hosts.next().is_none();
+        if !host_is_authority {
+            let host = HeaderValue::from_str(authority).map_err(|_| Reason::BadAuthority)?;
+            req.headers_mut().insert(http::header::HOST, host);
+        }
         *req.version_mut() = http::Version::HTTP_11;
     }
     Ok(())
@@ -515,6 +528,63 @@ mod tests {
             .map(|_| ensure_request_id(&mut HeaderMap::new()))
             .collect();
         assert_eq!(ids.len(), 1000);
+    }
+
+    #[test]
+    fn retarget_gives_each_protocol_its_form() {
+        fn req(uri: &str, hosts: &[&'static str]) -> http::Request<()> {
+            let mut r = http::Request::builder().uri(uri).body(()).unwrap();
+            for h in hosts {
+                r.headers_mut()
+                    .append(http::header::HOST, HeaderValue::from_static(h));
+            }
+            r
+        }
+        let to = "payments.aether.internal:9090";
+        // To HTTP/2: absolute URI with the authority, no Host, whatever came in.
+        for (uri, hosts) in [
+            ("/a?b=1", &["payments.aether.internal:9090"][..]),
+            ("/a?b=1", &["other"][..]),
+            ("http://payments.aether.internal:9090/a?b=1", &[][..]),
+            (
+                "https://payments.aether.internal:9090/a?b=1",
+                &["x", "y"][..],
+            ),
+            ("http://other:9090/a?b=1", &[][..]),
+        ] {
+            let mut r = req(uri, hosts);
+            retarget(&mut r, true, to).unwrap();
+            assert_eq!(r.uri().authority().unwrap().as_str(), to, "{uri}");
+            assert_eq!(r.uri().path_and_query().unwrap().as_str(), "/a?b=1");
+            let scheme = if uri.starts_with("https") {
+                "https"
+            } else {
+                "http"
+            };
+            assert_eq!(r.uri().scheme_str(), Some(scheme), "{uri}");
+            assert!(!r.headers().contains_key(http::header::HOST), "{uri}");
+            assert_eq!(r.version(), http::Version::HTTP_2);
+        }
+        // To HTTP/1.1: origin-form, exactly one Host, the authority.
+        for (uri, hosts) in [
+            ("/a?b=1", &["payments.aether.internal:9090"][..]),
+            ("/a?b=1", &["other"][..]),
+            ("/a?b=1", &[][..]),
+            ("/a?b=1", &["payments.aether.internal:9090", "other"][..]),
+            ("http://payments.aether.internal:9090/a?b=1", &["other"][..]),
+        ] {
+            let mut r = req(uri, hosts);
+            retarget(&mut r, false, to).unwrap();
+            assert_eq!(r.uri().to_string(), "/a?b=1", "{uri}");
+            let h: Vec<_> = r.headers().get_all(http::header::HOST).iter().collect();
+            assert_eq!(h, [to], "{uri} {hosts:?}");
+            assert_eq!(r.version(), http::Version::HTTP_11);
+        }
+        // An authority that cannot be one is an error, not a panic.
+        let mut r = req("/a", &[]);
+        assert!(retarget(&mut r, true, "bad host").is_err());
+        let mut r = req("/a", &[]);
+        assert!(retarget(&mut r, false, "bad\nhost").is_err());
     }
 
     #[test]
