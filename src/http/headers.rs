@@ -286,7 +286,9 @@ pub fn retarget<B>(
     let uri = req.uri();
     let pq = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
     if to_h2 {
-        let ready = uri.scheme().is_some() && uri.authority().is_some_and(|a| a == authority);
+        // `Authority == str` ignores case; the request leaves with `authority` byte for byte.
+        let ready =
+            uri.scheme().is_some() && uri.authority().is_some_and(|a| a.as_str() == authority);
         if !ready {
             let scheme = uri.scheme_str().unwrap_or("http");
             let uri = http::Uri::builder()
@@ -551,6 +553,7 @@ mod tests {
                 &["x", "y"][..],
             ),
             ("http://other:9090/a?b=1", &[][..]),
+            ("http://Payments.Aether.Internal:9090/a?b=1", &[][..]),
         ] {
             let mut r = req(uri, hosts);
             retarget(&mut r, true, to).unwrap();
@@ -572,6 +575,7 @@ mod tests {
             ("/a?b=1", &[][..]),
             ("/a?b=1", &["payments.aether.internal:9090", "other"][..]),
             ("http://payments.aether.internal:9090/a?b=1", &["other"][..]),
+            ("/a?b=1", &["Payments.Aether.Internal:9090"][..]),
         ] {
             let mut r = req(uri, hosts);
             retarget(&mut r, false, to).unwrap();
