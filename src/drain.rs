@@ -141,7 +141,10 @@ pub async fn accept_until_closing<F, Fut>(
                         continue;
                     }
                     let guards = (tracker.track(), open.track());
-                    let conn = handle(tcp, addr);
+                    // Boxed before the spawn: a connection's future is several KiB (its whole
+                    // HTTP state), and tokio moves the future it is given through each layer of
+                    // `spawn` and again when the task completes; a box moves as one pointer.
+                    let conn = Box::pin(handle(tcp, addr));
                     tokio::spawn(async move {
                         conn.await;
                         drop(guards);
