@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::rt::TokioTimer;
 
 use super::limits::{
     timers, Timers, H1_MAX_HEAD, H2_CONNECTION_WINDOW, H2_MAX_CONCURRENT_STREAMS, H2_MAX_FRAME,
@@ -14,16 +14,34 @@ use super::limits::{
 /// Server builders, made once and shared by every connection.
 pub struct Servers {
     pub h1: hyper::server::conn::http1::Builder,
-    pub h2: hyper::server::conn::http2::Builder<TokioExecutor>,
+    pub h2: hyper::server::conn::http2::Builder<StreamExecutor>,
 }
 
 impl Servers {
     pub fn new() -> Servers {
         let mut h1 = hyper::server::conn::http1::Builder::new();
         configure_h1(&mut h1);
-        let mut h2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+        let mut h2 = hyper::server::conn::http2::Builder::new(StreamExecutor);
         configure_h2(&mut h2);
         Servers { h1, h2 }
+    }
+}
+
+/// Runs each HTTP/2 stream hyper hands over as its own task, boxed first. A stream's future
+/// holds the whole exchange (the request's routing, forwarding and logging state, KiBs), and
+/// tokio moves the future it is given through each layer of `spawn` and again when the task
+/// completes; boxed, those moves are of one pointer (callgrind: about 1.4k instructions a
+/// request fewer on the client side of scenario c).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StreamExecutor;
+
+impl<F> hyper::rt::Executor<F> for StreamExecutor
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn execute(&self, fut: F) {
+        tokio::spawn(Box::pin(fut));
     }
 }
 
@@ -44,7 +62,7 @@ fn configure_h1(b: &mut hyper::server::conn::http1::Builder) {
         .keep_alive(true);
 }
 
-fn configure_h2(b: &mut hyper::server::conn::http2::Builder<TokioExecutor>) {
+fn configure_h2(b: &mut hyper::server::conn::http2::Builder<StreamExecutor>) {
     b.timer(TokioTimer::new())
         .max_concurrent_streams(H2_MAX_CONCURRENT_STREAMS)
         .initial_stream_window_size(H2_STREAM_WINDOW)
