@@ -126,6 +126,7 @@ impl HttpChains {
         // Limits apply to what the client sent, before this proxy adds anything.
         let oversized = headers::too_large(req.headers());
         headers::drop_underscored_counted(req.headers_mut(), Direction::inbound);
+        headers::make_room_for_added(req.headers_mut());
         let request_id = headers::ensure_request_id(req.headers_mut());
         let authority = req
             .uri()

@@ -272,6 +272,7 @@ impl Outbound {
         headers::drop_underscored_counted(req.headers_mut(), Direction::outbound);
         // The app's own XFCC is never trusted.
         req.headers_mut().remove(headers::XFCC);
+        headers::make_room_for_added(req.headers_mut());
         let request_id = headers::ensure_request_id(req.headers_mut());
         // A URI authority (absolute-form, h2 `:authority`, CONNECT) wins over Host.
         let authority = match req.uri().authority() {
