@@ -151,14 +151,6 @@ pub fn main(path: &Path, concurrency: Option<usize>) -> ExitCode {
         b.worker_threads(workers);
         b
     };
-    // The runtime's threads keep medium blocks for reuse (`memory`); the main thread is the
-    // one worker of the current-thread scheduler.
-    builder
-        .on_thread_start(crate::memory::cache_medium_blocks)
-        .on_thread_stop(crate::memory::release_medium_blocks);
-    if workers == 1 {
-        crate::memory::cache_medium_blocks();
-    }
     let rt = match builder.thread_name("aether-worker").enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
