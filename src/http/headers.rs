@@ -213,8 +213,8 @@ pub const ADDED_REQUEST_FIELDS: usize = 3;
 /// Makes room, in one step, for the fields this proxy adds to a request. hyper sizes the header
 /// map of a connection's first request to exactly what arrived, and each field added past
 /// that grew the map again (a new index table, every entry rehashed): twice a request on a new
-/// client connection (scenario e), about 1.4k instructions. A connection's later requests
-/// reuse a map that is already large enough, and then this checks one length.
+/// client connection (scenario e), about 1.4k instructions. A later request on an HTTP/1.1
+/// connection reuses a map that is already large enough, and then this checks one length.
 pub fn make_room_for_added(h: &mut HeaderMap) {
     // Fails only past http's 32,768 fields; `too_large` has already counted them.
     let _ = h.try_reserve(ADDED_REQUEST_FIELDS);
