@@ -144,7 +144,8 @@ pub async fn accept_until_closing<F, Fut>(
                     // Boxed before the spawn: a connection's future is several KiB (its whole
                     // HTTP state), and tokio moves the future it is given through each layer of
                     // `spawn` and again when the task completes; a box moves as one pointer.
-                    let conn = Box::pin(handle(tcp, addr));
+                    // Built in its box, so not even the first copy is made.
+                    let conn = crate::memory::box_future(|| handle(tcp, addr));
                     tokio::spawn(async move {
                         conn.await;
                         drop(guards);

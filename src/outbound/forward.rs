@@ -47,7 +47,11 @@ pub async fn forward(
     headers::strip_hop_by_hop(req.headers_mut());
     let subset = choose_subset(&cluster.service, req.headers(), fastrand::u32(..)).cloned();
     let tries = Tries::new(cluster, subset.as_ref(), locality);
-    let attempt = attempts(up, tries, req, cluster, authority, h2_first, src);
+    // Boxed where it is built: the exchange's future (retries, the pool, hyper's send) is
+    // several KiB, and each future around it would otherwise copy it whole (see
+    // `memory::box_future`).
+    let attempt =
+        crate::memory::box_future(|| attempts(up, tries, req, cluster, authority, h2_first, src));
     match tokio::time::timeout(cluster.service.request_timeout, attempt).await {
         Ok(Ok((mut resp, inflight))) => {
             headers::strip_hop_by_hop(resp.headers_mut());

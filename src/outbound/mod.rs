@@ -378,10 +378,9 @@ impl Outbound {
                 Box::pin(up).await
             }
             (false, PortProtocol::Http, None) => {
-                // Boxed once here: the exchange's future is large (retries, the pool, the
-                // timeout), and unboxed it would be copied with every enclosing future each time
-                // one is moved (measured: several KiB copied per request).
-                let mut out = Box::pin(self.forward(req, &cluster, authority, src)).await;
+                // Not boxed: its large part, the exchange, is boxed where it is built
+                // (`forward::forward`).
+                let mut out = self.forward(req, &cluster, authority, src).await;
                 out.admitted = Some(admitted);
                 out
             }
