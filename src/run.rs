@@ -151,6 +151,14 @@ pub fn main(path: &Path, concurrency: Option<usize>) -> ExitCode {
         b.worker_threads(workers);
         b
     };
+    // The runtime's threads reuse freed medium blocks (`memory`); with one worker, that is the
+    // main thread, which runs `block_on`.
+    builder
+        .on_thread_start(crate::memory::reuse_medium_blocks)
+        .on_thread_stop(crate::memory::release_medium_blocks);
+    if workers == 1 {
+        crate::memory::reuse_medium_blocks();
+    }
     let rt = match builder.thread_name("aether-worker").enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
