@@ -128,7 +128,7 @@ fn with_tcache(current: Option<&str>) -> Option<String> {
 /// turn it on, and give their blocks back when they stop. A block may be freed on another
 /// thread than the one that made it: every block here is a plain `malloc` block of its size.
 mod reuse {
-    use std::cell::{Cell, UnsafeCell};
+    use std::cell::UnsafeCell;
 
     /// The smallest size kept: one past the largest glibc's thread cache holds.
     pub const MIN: usize = 1033;
@@ -153,79 +153,88 @@ mod reuse {
         count: 0,
     };
 
+    /// A thread's slots, and whether the thread keeps blocks at all.
+    struct Kept {
+        on: bool,
+        slots: [Slot; SLOTS],
+    }
+
     thread_local! {
-        // Neither needs dropping, so neither registers a destructor: safe to touch from inside
-        // the allocator.
-        static SLOTS_OF: UnsafeCell<[Slot; SLOTS]> = const { UnsafeCell::new([EMPTY; SLOTS]) };
-        static ON: Cell<bool> = const { Cell::new(false) };
+        // Needs no dropping, so registers no destructor: safe to touch from inside the
+        // allocator.
+        static KEPT: UnsafeCell<Kept> = const {
+            UnsafeCell::new(Kept { on: false, slots: [EMPTY; SLOTS] })
+        };
+    }
+
+    /// Runs `f` on this thread's slots when the thread keeps blocks.
+    fn with_kept<T>(f: impl FnOnce(&mut [Slot; SLOTS]) -> Option<T>) -> Option<T> {
+        KEPT.with(|k| {
+            // SAFETY: the slots are this thread's alone, `f` never allocates, and no reference
+            // to them outlives this call.
+            let k = unsafe { &mut *k.get() };
+            if k.on {
+                f(&mut k.slots)
+            } else {
+                None
+            }
+        })
     }
 
     pub fn enable() {
-        ON.with(|on| on.set(true));
+        // SAFETY: as in `with_kept`.
+        KEPT.with(|k| unsafe { (*k.get()).on = true });
     }
 
-    fn keep(size: usize) -> u16 {
-        (KEEP_BYTES / size).max(2) as u16
+    /// Whether a slot of `size` blocks holding `count` has room for one more: at least two,
+    /// and at most `KEEP_BYTES` in all (a multiplication, not a division, on every free).
+    fn has_room(count: u16, size: usize) -> bool {
+        count < 2 || (count as usize + 1) * size <= KEEP_BYTES
     }
 
     /// A kept block of exactly `size` bytes, if this thread has one.
     pub fn take(size: usize) -> Option<*mut u8> {
-        if !ON.with(Cell::get) {
-            return None;
-        }
-        SLOTS_OF.with(|slots| {
-            // SAFETY: the slots are this thread's alone and no reference to them outlives this
-            // call; a kept block is `size` bytes long, so its first word is ours to read.
-            unsafe {
-                let slot = (*slots.get())
-                    .iter_mut()
-                    .find(|s| s.size == size && s.count > 0)?;
-                let p = slot.head;
-                slot.head = (p as *mut *mut u8).read();
-                slot.count -= 1;
-                Some(p)
-            }
+        with_kept(|slots| {
+            let slot = slots.iter_mut().find(|s| s.size == size && s.count > 0)?;
+            let p = slot.head;
+            // SAFETY: a kept block is `size` bytes long and its first word links the next.
+            slot.head = unsafe { (p as *mut *mut u8).read() };
+            slot.count -= 1;
+            Some(p)
         })
     }
 
     /// Keeps a freed block of `size` bytes; false when this thread does not keep blocks, or
     /// has no room for this one (the caller frees it).
     pub fn put(p: *mut u8, size: usize) -> bool {
-        if !ON.with(Cell::get) {
-            return false;
-        }
-        SLOTS_OF.with(|slots| {
-            // SAFETY: as in `take`; `p` is a freed block of `size` bytes nothing else uses.
-            unsafe {
-                let slots = &mut *slots.get();
-                let slot = match slots.iter().position(|s| s.size == size) {
-                    Some(i) => &mut slots[i],
-                    None => match slots.iter_mut().find(|s| s.count == 0) {
-                        Some(free) => {
-                            free.size = size;
-                            free
-                        }
-                        None => return false,
-                    },
-                };
-                if slot.count >= keep(size) {
-                    return false;
-                }
-                (p as *mut *mut u8).write(slot.head);
-                slot.head = p;
-                slot.count += 1;
-                true
+        with_kept(|slots| {
+            // The slot of this size, else an empty one, which takes this size.
+            let i = slots
+                .iter()
+                .position(|s| s.size == size)
+                .or_else(|| slots.iter().position(|s| s.count == 0))?;
+            let slot = &mut slots[i];
+            slot.size = size;
+            if !has_room(slot.count, size) {
+                return None;
             }
+            // SAFETY: `p` is a freed block of `size` bytes that nothing else uses.
+            unsafe { (p as *mut *mut u8).write(slot.head) };
+            slot.head = p;
+            slot.count += 1;
+            Some(())
         })
+        .is_some()
     }
 
     /// Turns this thread's reuse off and frees what it keeps.
     pub fn release() {
-        ON.with(|on| on.set(false));
-        SLOTS_OF.with(|slots| {
-            // SAFETY: as in `take`; each block leaves its list before it is freed.
+        KEPT.with(|k| {
+            // SAFETY: as in `with_kept`; each block leaves its list before it is freed.
             unsafe {
-                for slot in (*slots.get()).iter_mut() {
+                let k = &mut *k.get();
+                k.on = false;
+                for slot in k.slots.iter_mut() {
                     while !slot.head.is_null() {
                         let p = slot.head;
                         slot.head = (p as *mut *mut u8).read();
