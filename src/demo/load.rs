@@ -199,7 +199,9 @@ async fn h1_requests(
     }
 }
 
-async fn h1_connect(
+/// An HTTP/1.1 client connection to `to` (Nagle off), driven by a task of its own; also the
+/// first requests' (`get`).
+pub(super) async fn h1_connect(
     to: &str,
 ) -> Result<hyper::client::conn::http1::SendRequest<Empty<Bytes>>, String> {
     let tcp = TcpStream::connect(to).await.map_err(|e| e.to_string())?;

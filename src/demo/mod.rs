@@ -354,11 +354,7 @@ async fn wait_ready(admin: &str, limit: Duration) -> bool {
 
 /// A plain HTTP/1.1 GET; returns status, x-aether-error and body.
 async fn get(addr: &str, path: &str, host: &str) -> Result<(u16, String, String), String> {
-    let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
-    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-        .await
-        .map_err(|e| e.to_string())?;
-    tokio::spawn(conn);
+    let mut send = load::h1_connect(addr).await?;
     let req = Request::get(path)
         .header("host", host)
         .body(Empty::<Bytes>::new())
