@@ -127,14 +127,35 @@ measure() { # label url extra-wrk-args...
   n=$(awk '/requests in/{print $1}' "$work/run.txt")
   rps=$(awk '/^Requests\/sec/{print $2}' "$work/run.txt")
   awk -v l="$label" -v c=$((c1 - c0)) -v n="$n" -v hz="$hz" -v r="$rps" \
-    'BEGIN{ printf "%-34s %9s req/s  client %.1f us/req\n", l, r, c/hz*1e6/n }'
+    'BEGIN{ printf "%-34s %9s req/s  client %.1f us/req\n", l, r, c/hz*1e6/n }' |
+    tee -a "$work/per-request.txt"
 }
-echo "client sidecar: $bin, --concurrency 1; ${secs}s per run, $rounds rounds, alternated"
-for _ in $(seq "$rounds"); do
-  measure "explicit keep-alive" "http://127.0.0.1:15001/"
-  measure "captured keep-alive" "http://$vip:18080/"
-  measure "explicit new conn per request" "http://127.0.0.1:15001/" -H 'Connection: close'
-  measure "captured new conn per request" "http://$vip:18080/" -H 'Connection: close'
+pair() { # round kind [wrk-args...]: explicit and captured, in an order that turns each round
+  local round=$1 kind=$2; shift 2
+  if [ $((round % 2)) -eq 1 ]; then
+    measure "explicit $kind" "http://127.0.0.1:15001/" "$@"
+    measure "captured $kind" "http://$vip:18080/" "$@"
+  else
+    measure "captured $kind" "http://$vip:18080/" "$@"
+    measure "explicit $kind" "http://127.0.0.1:15001/" "$@"
+  fi
+}
+# The order turns each round: the run that goes second inherits the first one's TIME_WAIT
+# sockets and conntrack entries (a new connection per request leaves ~140,000), which with a
+# fixed order would be charged to the captured path every time.
+echo "client sidecar: $bin, --concurrency 1; ${secs}s per run, $rounds rounds, order alternated"
+for round in $(seq "$rounds"); do
+  pair "$round" "keep-alive"
+  pair "$round" "new conn per request" -H 'Connection: close'
+done
+# Each round's own ratio, then their median (the rounds drift more than the paths differ).
+for kind in "keep-alive" "new conn per request"; do
+  grep -F "explicit $kind " "$work/per-request.txt" | awk '{print $(NF-1)}' >"$work/e.txt"
+  grep -F "captured $kind " "$work/per-request.txt" | awk '{print $(NF-1)}' >"$work/c.txt"
+  paste "$work/c.txt" "$work/e.txt" | awk '{print $1 / $2}' | sort -n |
+    awk -v k="$kind" '{r[NR] = $1} END {
+      m = NR % 2 ? r[(NR + 1) / 2] : (r[NR / 2] + r[NR / 2 + 1]) / 2
+      printf "captured / explicit, %s: median %.3f of %d rounds (%.3f-%.3f)\n", k, m, NR, r[1], r[NR] }'
 done
 
 # Captured raw TCP: the pod's client dials the virtual address on the tcp port.
