@@ -136,8 +136,10 @@ mod reuse {
     pub const MAX: usize = 16 * 1024;
     /// Sizes a thread keeps at once.
     pub const SLOTS: usize = 8;
-    /// Freed bytes a slot keeps (at least two blocks).
+    /// Freed bytes a slot keeps.
     pub const KEEP_BYTES: usize = 64 * 1024;
+    // Every kept size fits at least twice, so no slot needs a floor of its own.
+    const _: () = assert!(2 * MAX <= KEEP_BYTES);
 
     #[derive(Clone, Copy)]
     struct Slot {
@@ -186,10 +188,10 @@ mod reuse {
         KEPT.with(|k| unsafe { (*k.get()).on = true });
     }
 
-    /// Whether a slot of `size` blocks holding `count` has room for one more: at least two,
-    /// and at most `KEEP_BYTES` in all (a multiplication, not a division, on every free).
+    /// Whether a slot of `size` blocks holding `count` has room for one more within
+    /// `KEEP_BYTES` (a multiplication, not a division, on every free).
     fn has_room(count: u16, size: usize) -> bool {
-        count < 2 || (count as usize + 1) * size <= KEEP_BYTES
+        (count as usize + 1) * size <= KEEP_BYTES
     }
 
     /// A kept block of exactly `size` bytes, if this thread has one.
@@ -472,6 +474,14 @@ mod tests {
             for &p in &again {
                 a.dealloc(p, l);
             }
+            // Exactly what the bound allows stayed kept, all of them blocks of this size.
+            let mut drained = 0;
+            while let Some(p) = reuse::take(8192) {
+                assert!(again.contains(&p));
+                libc::free(p as *mut libc::c_void);
+                drained += 1;
+            }
+            assert_eq!(drained, kept);
 
             // More sizes than slots: each size beyond them goes to glibc, and every block
             // comes back whole and writable.
@@ -483,6 +493,20 @@ mod tests {
             for &(p, n) in &blocks {
                 a.dealloc(p, Layout::from_size_align(n, 8).unwrap());
             }
+            // The slot of 8192 is empty again and may be taken, the one of 7500 is not: at
+            // most SLOTS - 1 of the new sizes were kept, and the first ones were.
+            let kept_sizes: Vec<_> = sizes
+                .iter()
+                .filter(|&&n| match reuse::take(n) {
+                    Some(p) => {
+                        libc::free(p as *mut libc::c_void);
+                        true
+                    }
+                    None => false,
+                })
+                .collect();
+            assert!(kept_sizes.len() < reuse::SLOTS, "{kept_sizes:?}");
+            assert_eq!(kept_sizes.first(), Some(&&sizes[0]));
             for &n in &sizes {
                 let l = Layout::from_size_align(n, 8).unwrap();
                 let p = a.alloc(l);
