@@ -23,8 +23,9 @@ use tokio::net::{TcpListener, TcpStream};
 
 /// The payments pod's ports: 8080 `auto` to the ordinary recording app; 9001 `http1` to a raw
 /// app that answers `Expect: 100-continue` itself; 9002 `h2` to an h2c trailers app; 9003
-/// `http1` to an HTTP/1.1 trailers app; 9004 `http1` to the bulk app (1 GiB up and down).
-const PORTS: [u16; 5] = [8080, 9001, 9002, 9003, 9004];
+/// `http1` to an HTTP/1.1 trailers app; 9004 `http1` to the bulk app (1 GiB up and down);
+/// 9005 `http1` to an app that streams an answer at the test's pace.
+const PORTS: [u16; 6] = [8080, 9001, 9002, 9003, 9004, 9005];
 
 type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
 
@@ -36,6 +37,7 @@ struct Mesh {
     h2_trailers: TrailersApp,
     h1_trailers: TrailersApp,
     _bulk: BulkApp,
+    paced: PacedApp,
     _certs: Certs,
     client_pod: PodNet,
 }
@@ -50,6 +52,7 @@ impl Mesh {
         let h2_trailers = TrailersApp::start(server_pod.app(9002), true).await;
         let h1_trailers = TrailersApp::start(server_pod.app(9003), false).await;
         let bulk = BulkApp::start(server_pod.app(9004)).await;
+        let paced = PacedApp::start(server_pod.app(9005)).await;
         let server = server_proxy(
             &certs,
             server_pod,
@@ -60,6 +63,7 @@ impl Mesh {
                 "{ port: 9002, protocol: h2 }",
                 "{ port: 9003, protocol: http1 }",
                 "{ port: 9004, protocol: http1 }",
+                "{ port: 9005, protocol: http1 }",
             ],
         )
         .await;
@@ -78,6 +82,7 @@ impl Mesh {
             h2_trailers,
             h1_trailers,
             _bulk: bulk,
+            paced,
             _certs: certs,
             client_pod,
         }
@@ -396,6 +401,128 @@ async fn http10_gets_a_streamed_response_close_delimited() {
     let (rest, end) = read_to_end_within(&mut s, IO_TIMEOUT).await;
     assert_eq!(end, ReadEnd::Eof, "a close ends the body");
     assert_eq!(rest, STREAMED);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The last response of a connection (`Connection: close`)
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn the_last_response_leaves_in_one_segment_with_the_fin() {
+    let m = Mesh::start().await;
+    let segments = LoopbackSegments::from(m.outbound());
+    let mut s = tcp_connect(m.outbound()).await.unwrap();
+    let me = s.local_addr().unwrap();
+    let req = format!("GET /last HTTP/1.1\r\nHost: {SVC}:8080\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let (got, end) = read_to_end_within(&mut s, IO_TIMEOUT).await;
+    assert_eq!(end, ReadEnd::Eof);
+    assert!(
+        got.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+    let segs = segments.to_fin(me, Duration::from_secs(2));
+    let fin = segs.last().filter(|s| s.fin).copied();
+    let fin = fin.unwrap_or_else(|| panic!("no FIN among the proxy's segments: {segs:?}"));
+    let sent: usize = segs.iter().map(|s| s.payload).sum();
+    assert_eq!(
+        sent,
+        got.len(),
+        "every byte read was seen leaving: {segs:?}"
+    );
+    // One segment fewer per such request (and, captured, one fewer through NAT).
+    assert!(
+        fin.payload > 0,
+        "the response's last bytes leave with the FIN, not before it: {segs:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_last_response_that_streams_is_not_held_back_for_the_fin() {
+    let m = Mesh::start().await;
+    let mut s = tcp_connect(m.outbound()).await.unwrap();
+    let req = format!("GET /paced HTTP/1.1\r\nHost: {SVC}:9005\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let head = read_head(&mut s).await.unwrap();
+    assert_eq!(head.status, 200);
+    let mut got = Vec::new();
+    let mut waits = Vec::new();
+    let mut buf = [0u8; 4096];
+    for i in 0..PACED_PARTS {
+        let asked = Instant::now();
+        m.paced.next();
+        let part = format!("part-{i}");
+        while !String::from_utf8_lossy(&got).contains(&part) {
+            let n = tokio::time::timeout(IO_TIMEOUT, s.read(&mut buf))
+                .await
+                .unwrap_or_else(|_| panic!("{part} never arrived"))
+                .unwrap();
+            assert!(n > 0, "closed before {part}");
+            got.extend_from_slice(&buf[..n]);
+        }
+        waits.push(asked.elapsed());
+    }
+    m.paced.next();
+    let (rest, end) = read_to_end_within(&mut s, IO_TIMEOUT).await;
+    assert_eq!(
+        end,
+        ReadEnd::Eof,
+        "the connection closes after the last part"
+    );
+    got.extend_from_slice(&rest);
+    assert!(
+        got.ends_with(b"0\r\n\r\n"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+    // A part held back until the kernel's own timer would take 200 ms or more (its floor on
+    // loopback); the fastest of three shows whether each leaves when written.
+    let fastest = waits.iter().min().unwrap();
+    assert!(
+        *fastest < Duration::from_millis(100),
+        "each part reaches the client when the app sends it: {waits:?}"
+    );
+}
+
+const PACED_PARTS: usize = 3;
+
+/// A raw HTTP/1.1 app that answers every request chunked, `part-0`, `part-1`, `part-2` and
+/// the last chunk, each sent when the test calls [`PacedApp::next`].
+struct PacedApp {
+    go: Arc<tokio::sync::Notify>,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+impl PacedApp {
+    async fn start(addr: SocketAddr) -> PacedApp {
+        let listener = TcpListener::bind(addr).await.unwrap();
+        let go = Arc::new(tokio::sync::Notify::new());
+        let go2 = go.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((mut tcp, _)) = listener.accept().await {
+                let go = go2.clone();
+                tokio::spawn(async move {
+                    read_request_head(&mut tcp).await?;
+                    tcp.write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+                        .await?;
+                    for i in 0..PACED_PARTS {
+                        go.notified().await;
+                        tcp.write_all(format!("6\r\npart-{i}\r\n").as_bytes())
+                            .await?;
+                    }
+                    go.notified().await;
+                    tcp.write_all(b"0\r\n\r\n").await?;
+                    std::io::Result::Ok(())
+                });
+            }
+        });
+        PacedApp { go, _task: task }
+    }
+
+    fn next(&self) {
+        self.go.notify_one();
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

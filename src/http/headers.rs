@@ -129,6 +129,32 @@ pub fn h1_wants_trailers<B>(req: &http::Request<B>) -> bool {
             .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"))
 }
 
+/// True for an HTTP/1.x request after whose response the connection closes (RFC 9112 9.3):
+/// HTTP/1.1 with a `close` token in `Connection`, or HTTP/1.0 without `keep-alive`. CONNECT
+/// and upgrades are never the last: their socket lives on as a tunnel.
+pub fn h1_closes_after<B>(req: &http::Request<B>) -> bool {
+    let v = req.version();
+    if v >= http::Version::HTTP_2 || req.method() == http::Method::CONNECT {
+        return false;
+    }
+    let mut close = false;
+    let mut keep_alive = false;
+    for t in req
+        .headers()
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+    {
+        let t = t.trim_ascii();
+        if t.eq_ignore_ascii_case(b"upgrade") {
+            return false;
+        }
+        close |= t.eq_ignore_ascii_case(b"close");
+        keep_alive |= t.eq_ignore_ascii_case(b"keep-alive");
+    }
+    close || (v < http::Version::HTTP_11 && !keep_alive)
+}
+
 /// gRPC servers send `grpc-status` and its companions as trailers without declaring them (HTTP/2
 /// needs no `Trailer` header). For an HTTP/1.1 client that asked for trailers, a gRPC response
 /// that declares none gets them declared, so they are written instead of dropped. Other
@@ -337,6 +363,42 @@ pub fn retarget<B>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_requests_after_which_an_http1_connection_closes() {
+        let req = |v: http::Version, m: http::Method, conn: &[&'static str]| {
+            let mut b = http::Request::builder().version(v).method(m).uri("/");
+            for c in conn {
+                b = b.header("connection", *c);
+            }
+            b.body(()).unwrap()
+        };
+        use http::Method as M;
+        use http::Version as V;
+        let closes = [
+            req(V::HTTP_11, M::GET, &["close"]),
+            req(V::HTTP_11, M::POST, &["x-a, Close"]),
+            req(V::HTTP_11, M::GET, &["keep-alive", "close"]),
+            req(V::HTTP_10, M::GET, &[]),
+            req(V::HTTP_10, M::GET, &["x-a"]),
+        ];
+        for r in &closes {
+            assert!(h1_closes_after(r), "{r:?}");
+        }
+        let stays = [
+            req(V::HTTP_11, M::GET, &[]),
+            req(V::HTTP_11, M::GET, &["keep-alive"]),
+            req(V::HTTP_10, M::GET, &["Keep-Alive"]),
+            // The socket outlives these as a tunnel.
+            req(V::HTTP_11, M::GET, &["close, upgrade"]),
+            req(V::HTTP_11, M::CONNECT, &["close"]),
+            // HTTP/2 has no connection-level close per request.
+            req(V::HTTP_2, M::GET, &["close"]),
+        ];
+        for r in &stays {
+            assert!(!h1_closes_after(r), "{r:?}");
+        }
+    }
 
     #[test]
     fn hop_by_hop_headers_and_the_ones_connection_names_are_removed() {

@@ -6,6 +6,7 @@
 pub mod answer;
 pub mod body;
 pub mod expect;
+pub mod fin;
 pub mod headers;
 pub mod limits;
 pub mod server;

@@ -96,7 +96,9 @@ macro_rules! __serve_until_drained {
             }
             _ = closing => {
                 conn.as_mut().graceful_shutdown();
-                conn.await.map_err(|e| e.to_string())
+                $crate::http::server::Batched::new(conn.as_mut(), Some(&*$requests))
+                    .await
+                    .map_err(|e| e.to_string())
             }
         };
         r
@@ -109,7 +111,8 @@ macro_rules! __serve_until_drained {
 /// and on TLS one record, per response or request. One turn later, the other streams that were
 /// ready have queued theirs too, and one write carries them all. With `only_if`, batching
 /// starts once that connection is known to be HTTP/2; HTTP/1.1 has one exchange at a time and
-/// nothing to gain from the wait.
+/// nothing to gain from the wait. Each poll that leaves the connection pending also pushes
+/// what an HTTP/1 write held back for a FIN that did not follow (`fin`).
 pub struct Batched<'a, F> {
     inner: F,
     waited: bool,
@@ -143,7 +146,13 @@ impl<F: std::future::Future + Unpin> std::future::Future for Batched<'_, F> {
             return std::task::Poll::Pending;
         }
         self.waited = false;
-        std::pin::Pin::new(&mut self.inner).poll(cx)
+        let r = std::pin::Pin::new(&mut self.inner).poll(cx);
+        if r.is_pending() {
+            if let Some(requests) = self.only_if {
+                requests.fin.push_held();
+            }
+        }
+        r
     }
 }
 
@@ -210,6 +219,8 @@ pub struct ConnRequests {
     tunnelled: std::sync::atomic::AtomicBool,
     /// The HTTP/2 preface arrived: the connection multiplexes streams.
     multiplexed: std::sync::atomic::AtomicBool,
+    /// The last response and the FIN in one segment (`FinTcp`).
+    fin: std::sync::Arc<super::fin::Fin>,
 }
 
 impl ConnRequests {
@@ -223,6 +234,11 @@ impl ConnRequests {
             since: std::time::Instant::now(),
             answered: false,
         }
+    }
+
+    /// The state a [`super::fin::FinTcp`] for this connection shares.
+    pub fn fin(&self) -> std::sync::Arc<super::fin::Fin> {
+        self.fin.clone()
     }
 
     /// Resolves when the peer is resetting streams abusively.
@@ -254,6 +270,12 @@ impl RequestOpen {
     pub fn answered(mut self) -> RequestOpen {
         self.answered = true;
         self
+    }
+
+    /// Marks this request's response as its HTTP/1 connection's last (the request asked to
+    /// close; not CONNECT or an upgrade): a `FinTcp` sends it along with its FIN.
+    pub fn last_on_connection(&self) {
+        self.conn.fin.last_response();
     }
 
     /// Marks that the connection carries a tunnel from now on: its HTTP timers stop (the

@@ -36,6 +36,7 @@ use crate::config::{Config, Egress, Locality};
 use crate::drain::{accept_until_closing, Drain, Phase, Tracker};
 use crate::http::answer::{Body, Reason};
 use crate::http::body::{Activity, ReqBody, RespBody, UpBody};
+use crate::http::fin::FinTcp;
 use crate::http::headers;
 use crate::http::server::{
     serve_until_drained, sniff_codec, Codec, ConnRequests, RequestOpen, Servers, Timed, Wire,
@@ -227,6 +228,7 @@ impl Outbound {
                 async move { Ok::<_, Infallible>(this.request(req, src, captured_port, open).await) }
             })
         };
+        let tcp = FinTcp::new(tcp, requests.fin());
         let mut timed = Timed::new(tcp, requests.clone(), "outbound", Wire::Sniff);
         if captured_port != 0 {
             timed = timed.first_bytes(capture::first_bytes_http);
@@ -290,6 +292,9 @@ impl Outbound {
         let activity = Activity::new();
         let expects = crate::http::expect::expects_continue(&req);
         let wants_trailers = headers::h1_wants_trailers(&req);
+        if headers::h1_closes_after(&req) {
+            open.last_on_connection();
+        }
         let req = req.map(|b| {
             ReqBody::from_peer(b, log.received.clone())
                 .guarded("outbound", activity.clone())

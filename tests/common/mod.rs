@@ -42,7 +42,8 @@
 //!   the raw bytes the server sent (plaintext alerts).
 //! * `http_client`: [`HttpClient`], HTTP/1.1 or HTTP/2 over any stream; [`http_connect`] for
 //!   CONNECT tunnels; [`http_get`] for admin endpoints.
-//! * `tcp`: [`tcp_connect`], [`tcp_connect_from`] and [`read_to_end_within`] for raw streams.
+//! * `tcp`: [`tcp_connect`], [`tcp_connect_from`] and [`read_to_end_within`] for raw streams;
+//!   [`LoopbackSegments`], the TCP segments one address sends (a packet socket, root only).
 //!
 //! Helpers of one group of tests live in their own module, which is not re-exported:
 //!
