@@ -1,7 +1,8 @@
 //! HTTP as both listeners speak it: server settings, limits and downstream timers
 //! (`server.rs`, `limits.rs`), metered bodies (`body.rs`), header rules (`headers.rs`), `Expect: 100-continue`
-//! (`expect.rs`), response bodies from the next hop (`upstream_body.rs`), and the proxy's own
-//! error answers (`answer.rs`, SPEC section 7).
+//! (`expect.rs`), response bodies from the next hop (`upstream_body.rs`), a connection's last
+//! response sent with its FIN (`fin.rs`), and the proxy's own error answers (`answer.rs`, SPEC
+//! section 7).
 
 pub mod answer;
 pub mod body;
