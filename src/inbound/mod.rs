@@ -135,7 +135,9 @@ impl Inbound {
         mut tcp: TcpStream,
         addr: SocketAddr,
     ) -> Option<(peer::TlsStream, chain::Chain)> {
-        let mut buf = BytesMut::with_capacity(2048);
+        // Empty: the reader sizes its first read (4 KiB), which takes a whole post-quantum
+        // ClientHello (2.2 KB with an X25519MLKEM768 share) in one `recv`.
+        let mut buf = BytesMut::new();
         let hello = match clienthello::read(&mut tcp, &mut buf, hello_timeout()).await {
             Ok(h) => h,
             Err(e) => {
