@@ -109,22 +109,25 @@ macro_rules! __serve_until_drained {
 /// its connection as soon as it queues a head or data; polled at once (tokio runs a task woken
 /// by the running one next), the connection writes and flushes that frame alone: one syscall,
 /// and on TLS one record, per response or request. One turn later, the other streams that were
-/// ready have queued theirs too, and one write carries them all. With `only_if`, batching
-/// starts once that connection is known to be HTTP/2; HTTP/1.1 has one exchange at a time and
-/// nothing to gain from the wait. Each poll that leaves the connection pending also pushes
-/// what an HTTP/1 write held back for a FIN that did not follow (`fin`).
+/// ready have queued theirs too, and one write carries them all.
+///
+/// `downstream` is the state of a downstream connection (`None` for an upstream HTTP/2
+/// connection, which is always batched). For a downstream one, batching starts once it is
+/// known to be HTTP/2 (HTTP/1.1 has one exchange at a time and nothing to gain from the wait),
+/// and each poll that leaves it pending pushes what an HTTP/1 write held back for a FIN that
+/// did not follow (`fin`).
 pub struct Batched<'a, F> {
     inner: F,
     waited: bool,
-    only_if: Option<&'a ConnRequests>,
+    downstream: Option<&'a ConnRequests>,
 }
 
 impl<'a, F> Batched<'a, F> {
-    pub fn new(inner: F, only_if: Option<&'a ConnRequests>) -> Batched<'a, F> {
+    pub fn new(inner: F, downstream: Option<&'a ConnRequests>) -> Batched<'a, F> {
         Batched {
             inner,
             waited: false,
-            only_if,
+            downstream,
         }
     }
 }
@@ -137,7 +140,7 @@ impl<F: std::future::Future + Unpin> std::future::Future for Batched<'_, F> {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<F::Output> {
         let batch = self
-            .only_if
+            .downstream
             .is_none_or(|r| r.multiplexed.load(std::sync::atomic::Ordering::Relaxed));
         if batch && !self.waited {
             self.waited = true;
@@ -148,7 +151,7 @@ impl<F: std::future::Future + Unpin> std::future::Future for Batched<'_, F> {
         self.waited = false;
         let r = std::pin::Pin::new(&mut self.inner).poll(cx);
         if r.is_pending() {
-            if let Some(requests) = self.only_if {
+            if let Some(requests) = self.downstream {
                 requests.fin.push_held();
             }
         }
