@@ -78,109 +78,73 @@ pub struct Segment {
 /// whose kernel filter keeps only that source, so other tests' traffic cannot crowd them out.
 /// Open it before the connection whose segments it should see.
 pub struct LoopbackSegments {
-    fd: std::os::fd::OwnedFd,
+    socket: socket2::Socket,
 }
 
 impl LoopbackSegments {
     pub fn from(from: SocketAddr) -> LoopbackSegments {
-        use std::os::fd::FromRawFd;
+        use socket2::{Domain, SockAddr, SockAddrStorage, SockFilter, Socket, Type};
         let SocketAddr::V4(v4) = from else {
             panic!("IPv4 only")
         };
-        // SAFETY: plain socket calls on a descriptor this function owns; every pointer is to
-        // a live local of the size passed with it.
-        unsafe {
-            // Protocol 0 until bound: nothing is queued before the filter is in place.
-            let raw = libc::socket(libc::AF_PACKET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
-            assert!(
-                raw >= 0,
-                "packet socket (needs root): {}",
-                std::io::Error::last_os_error()
-            );
-            let fd = std::os::fd::OwnedFd::from_raw_fd(raw);
-            // IPv4 TCP from `from` only (the packet starts at its IP header).
-            let ip = u32::from(*v4.ip());
-            let port = u32::from(v4.port());
-            let code = |code: u16, jt: u8, jf: u8, k: u32| libc::sock_filter { code, jt, jf, k };
-            let prog = [
-                code(0x30, 0, 0, 9),      // ldb [9]: protocol
-                code(0x15, 0, 6, 6),      // jeq TCP
-                code(0x20, 0, 0, 12),     // ld [12]: source address
-                code(0x15, 0, 4, ip),     // jeq from's address
-                code(0xb1, 0, 0, 0),      // ldxb 4*([0]&0xf): IP header length
-                code(0x48, 0, 0, 0),      // ldh [x+0]: source port
-                code(0x15, 0, 1, port),   // jeq from's port
-                code(0x06, 0, 0, 0xffff), // accept
-                code(0x06, 0, 0, 0),      // drop
-            ];
-            let fprog = libc::sock_fprog {
-                len: prog.len() as u16,
-                filter: prog.as_ptr() as *mut libc::sock_filter,
-            };
-            let r = libc::setsockopt(
-                raw,
-                libc::SOL_SOCKET,
-                libc::SO_ATTACH_FILTER,
-                (&fprog as *const libc::sock_fprog).cast(),
-                std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
-            );
-            assert_eq!(r, 0, "filter: {}", std::io::Error::last_os_error());
-            let tv = libc::timeval {
-                tv_sec: 0,
-                tv_usec: 100_000,
-            };
-            let r = libc::setsockopt(
-                raw,
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                (&tv as *const libc::timeval).cast(),
-                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-            );
-            assert_eq!(r, 0);
-            let mut sll: libc::sockaddr_ll = std::mem::zeroed();
+        // Protocol 0 until bound: nothing is queued before the filter is in place.
+        let socket = Socket::new(Domain::PACKET, Type::DGRAM, None)
+            .unwrap_or_else(|e| panic!("packet socket (needs root): {e}"));
+        // IPv4 TCP from `from` only (the packet starts at its IP header).
+        let ip = u32::from(*v4.ip());
+        let port = u32::from(v4.port());
+        let prog = [
+            SockFilter::new(0x30, 0, 0, 9),      // ldb [9]: protocol
+            SockFilter::new(0x15, 0, 6, 6),      // jeq TCP
+            SockFilter::new(0x20, 0, 0, 12),     // ld [12]: source address
+            SockFilter::new(0x15, 0, 4, ip),     // jeq from's address
+            SockFilter::new(0xb1, 0, 0, 0),      // ldxb 4*([0]&0xf): IP header length
+            SockFilter::new(0x48, 0, 0, 0),      // ldh [x+0]: source port
+            SockFilter::new(0x15, 0, 1, port),   // jeq from's port
+            SockFilter::new(0x06, 0, 0, 0xffff), // accept
+            SockFilter::new(0x06, 0, 0, 0),      // drop
+        ];
+        socket.attach_filter(&prog).expect("filter");
+        socket
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let mut storage = SockAddrStorage::zeroed();
+        // SAFETY: `sockaddr_ll` is one of this platform's socket address types, and the length
+        // given is its size.
+        let lo = unsafe {
+            let sll = storage.view_as::<libc::sockaddr_ll>();
             sll.sll_family = libc::AF_PACKET as u16;
             sll.sll_protocol = (libc::ETH_P_IP as u16).to_be();
             sll.sll_ifindex = libc::if_nametoindex(c"lo".as_ptr()) as i32;
-            let r = libc::bind(
-                raw,
-                (&sll as *const libc::sockaddr_ll).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-            );
-            assert_eq!(r, 0, "bind to lo: {}", std::io::Error::last_os_error());
-            LoopbackSegments { fd }
-        }
+            SockAddr::new(storage, std::mem::size_of::<libc::sockaddr_ll>() as _)
+        };
+        socket.bind(&lo).expect("bind to lo");
+        LoopbackSegments { socket }
     }
 
     /// The segments sent to `to`, in order, until one with FIN (or `limit`). Blocking: call
     /// once the exchange is over, when they are all queued.
     pub fn to_fin(&self, to: SocketAddr, limit: Duration) -> Vec<Segment> {
-        use std::os::fd::AsRawFd;
         let SocketAddr::V4(to) = to else {
             panic!("IPv4 only")
         };
         let deadline = std::time::Instant::now() + limit;
         let mut seen = Vec::new();
-        let mut buf = [0u8; 65536];
+        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 65536];
         while std::time::Instant::now() < deadline {
-            // SAFETY: recvfrom into a live buffer and a sockaddr_ll of the size passed.
-            let (n, sll) = unsafe {
-                let mut sll: libc::sockaddr_ll = std::mem::zeroed();
-                let mut len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
-                let n = libc::recvfrom(
-                    self.fd.as_raw_fd(),
-                    buf.as_mut_ptr().cast(),
-                    buf.len(),
-                    0,
-                    (&mut sll as *mut libc::sockaddr_ll).cast(),
-                    &mut len,
-                );
-                (n, sll)
+            // A read timeout (nothing more queued) just tries again until the deadline.
+            let Ok((n, from)) = self.socket.recv_from(&mut buf) else {
+                continue;
             };
+            // SAFETY: a packet socket's source address is a `sockaddr_ll`.
+            let pkttype = unsafe { from.as_storage().view_as::<libc::sockaddr_ll>().sll_pkttype };
             // Loopback shows each packet twice, leaving and arriving; count it arriving.
-            if n < 20 || sll.sll_pkttype == libc::PACKET_OUTGOING {
+            if n < 20 || pkttype == libc::PACKET_OUTGOING {
                 continue;
             }
-            let p = &buf[..n as usize];
+            // SAFETY: `recv_from` initialised the first `n` bytes.
+            let p: &[u8] =
+                unsafe { &*(&buf[..n] as *const [std::mem::MaybeUninit<u8>] as *const [u8]) };
             let ihl = usize::from(p[0] & 0x0f) * 4;
             let total = usize::from(u16::from_be_bytes([p[2], p[3]]));
             let dst = std::net::Ipv4Addr::new(p[16], p[17], p[18], p[19]);
