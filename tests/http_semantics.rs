@@ -284,6 +284,38 @@ async fn expect_continue_waits_for_the_apps_100() {
     assert_eq!(m.cont.body_bytes.load(Ordering::SeqCst), 5);
 }
 
+/// With `Connection: close` the proxy writes that connection's answers held for the FIN
+/// (`http::fin`); the interim 100 is not the last of them, so it must still leave as soon as
+/// it is written, not on the kernel's timer (200 ms or more on loopback).
+#[tokio::test]
+async fn expect_continue_on_a_closing_connection_passes_the_100_on_at_once() {
+    let m = Mesh::start().await;
+    let mut s = tcp_connect(m.outbound()).await.unwrap();
+    let req = expect_request("/accept", 5).replace("\r\n\r\n", "\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let head = read_head(&mut s).await.unwrap();
+    let got_100 = Instant::now();
+    assert_eq!(head.status, 100, "the client's first answer is the 100");
+    let app_sent = *m
+        .cont
+        .sent_100
+        .lock()
+        .unwrap()
+        .first()
+        .expect("the app sent its 100");
+    let late = got_100.saturating_duration_since(app_sent);
+    assert!(
+        late < Duration::from_millis(100),
+        "the 100 reached the client {late:?} after the app sent it"
+    );
+    s.write_all(b"hello").await.unwrap();
+    let head = read_head(&mut s).await.unwrap();
+    assert_eq!(head.status, 200);
+    assert_eq!(read_body(&mut s, &head).await, b"got 5");
+    let (_, end) = read_to_end_within(&mut s, IO_TIMEOUT).await;
+    assert_eq!(end, ReadEnd::Eof, "the connection closes after the answer");
+}
+
 #[tokio::test]
 async fn expect_continue_to_an_app_that_ignores_it_sends_the_body_after_a_wait() {
     let m = Mesh::start().await;
