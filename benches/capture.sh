@@ -3,13 +3,15 @@
 # capture rules and its sidecar (uid 1337), a payments pod (sidecar + app) on this machine at the
 # veth's far end, and wrk inside the namespace, once to the service's virtual address (captured)
 # and once to 127.0.0.1:15001 with the mesh Host (explicit). Prints req/s and the client sidecar's
-# CPU microseconds per request, for keep-alive connections and for a new connection per request.
+# CPU microseconds per request, for keep-alive connections and for a new connection per request,
+# each as many as wrk can send (closed loop) and then with h2load at one rate for both paths.
 # Then captured raw TCP: 1 GiB (BULK_MIB) from a plain client in the pod to the service's
 # virtual address on a tcp port, through both sidecars, to a sink app; prints MiB/s and each
 # sidecar's CPU seconds per GiB.
 #
 #   sudo benches/capture.sh [seconds] [rounds]    (default 10 s, 3 rounds; needs root, ip,
-#                                                  iptables, setpriv, wrk, nginx, python3)
+#                                                  iptables, setpriv, wrk, h2load, nginx,
+#                                                  python3)
 # AETHER_BIN picks the binary (default target/release/aether-proxy, built if missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +19,7 @@ secs=${1:-10}
 rounds=${2:-3}
 bin=${AETHER_BIN:-target/release/aether-proxy}
 [ -x "$bin" ] || cargo build --release --quiet
-for t in ip iptables-restore setpriv wrk nginx python3; do
+for t in ip iptables-restore setpriv wrk h2load nginx python3; do
   command -v "$t" >/dev/null || { echo "needs $t" >&2; exit 1; }
 done
 
@@ -140,18 +142,63 @@ pair() { # round kind [wrk-args...]: explicit and captured, in an order that tur
     measure "explicit $kind" "http://127.0.0.1:15001/" "$@"
   fi
 }
+# The same pair at one fixed rate, 80% of the slower of the two closed-loop runs before it. In a
+# closed loop the captured run's client (wrk) also pays for the capture (NAT and a new route for
+# each packet it sends), so it offers the sidecar fewer requests per wakeup, which makes each one
+# dearer for a reason that is not the sidecar's. At one offered rate for both paths the load has
+# the same shape and only the sidecar's own difference is left. h2load holds the rate: per
+# connection (--rps) for keep-alive, by opening connections every 10 ms for a new connection
+# per request.
+measure_rate() { # label url kind rate
+  local label=$1 url=$2 kind=$3 rate=$4 c0 c1 n failed
+  local args=(--h1 -t1 -H ':authority: payments.aether.internal')
+  if [ "$kind" = keep-alive ]; then
+    args+=(-c16 --rps=$((rate / 16)) -D "$secs")
+  else
+    n=$((rate / 100 * 100 * secs))
+    args+=(-H 'Connection: close' -n "$n" -c "$n" -r $((rate / 100)) --rate-period 10ms)
+  fi
+  c0=$(ticks "$client")
+  ip netns exec "$ns" h2load "${args[@]}" "$url" >"$work/run.txt" 2>&1 || true
+  c1=$(ticks "$client")
+  n=$(awk '/^requests:/{print $8}' "$work/run.txt")
+  failed=$(awk '/^requests:/{print $10}' "$work/run.txt")
+  awk -v l="$label" -v c=$((c1 - c0)) -v n="${n:-0}" -v hz="$hz" -v f="${failed:-?}" -v s="$secs" \
+    'BEGIN{ printf "%-34s %9.0f req/s  client %.1f us/req  (%s failed)\n", l, n/s, n ? c/hz*1e6/n : 0, f }' |
+    tee -a "$work/per-request.txt"
+}
+equal_pair() { # round kind: the pair again at 80% of the slower closed-loop rate of this round
+  local round=$1 kind=$2 rate
+  rate=$(grep -F " $kind " "$work/per-request.txt" | grep -v "at equal rate" | tail -2 |
+    awk '{print $(NF-4)}' | sort -n | head -1 | awk '{printf "%d", $1 * 0.8}')
+  if [ $((round % 2)) -eq 1 ]; then
+    measure_rate "explicit $kind at equal rate" "http://127.0.0.1:15001/" "$kind" "$rate"
+    measure_rate "captured $kind at equal rate" "http://$vip:18080/" "$kind" "$rate"
+  else
+    measure_rate "captured $kind at equal rate" "http://$vip:18080/" "$kind" "$rate"
+    measure_rate "explicit $kind at equal rate" "http://127.0.0.1:15001/" "$kind" "$rate"
+  fi
+}
 # The order turns each round: the run that goes second inherits the first one's TIME_WAIT
 # sockets and conntrack entries (a new connection per request leaves ~140,000), which with a
 # fixed order would be charged to the captured path every time.
 echo "client sidecar: $bin, --concurrency 1; ${secs}s per run, $rounds rounds, order alternated"
 for round in $(seq "$rounds"); do
   pair "$round" "keep-alive"
+  equal_pair "$round" "keep-alive"
   pair "$round" "new conn per request" -H 'Connection: close'
+  equal_pair "$round" "new conn per request"
 done
 # Each round's own ratio, then their median (the rounds drift more than the paths differ).
-for kind in "keep-alive" "new conn per request"; do
-  grep -F "explicit $kind " "$work/per-request.txt" | awk '{print $(NF-1)}' >"$work/e.txt"
-  grep -F "captured $kind " "$work/per-request.txt" | awk '{print $(NF-1)}' >"$work/c.txt"
+for kind in "keep-alive" "new conn per request" "keep-alive at equal rate" \
+  "new conn per request at equal rate"; do
+  col() {
+    grep -F "$1 $kind " "$work/per-request.txt" |
+      if [[ $kind == *"equal rate" ]]; then cat; else grep -vF "equal rate"; fi |
+      sed 's/.*client \([0-9.]*\) us.*/\1/'
+  }
+  col explicit >"$work/e.txt"
+  col captured >"$work/c.txt"
   paste "$work/c.txt" "$work/e.txt" | awk '{print $1 / $2}' | sort -n |
     awk -v k="$kind" '{r[NR] = $1} END {
       m = NR % 2 ? r[(NR + 1) / 2] : (r[NR / 2] + r[NR / 2 + 1]) / 2
