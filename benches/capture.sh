@@ -149,8 +149,8 @@ pair() { # round kind [wrk-args...]: explicit and captured, in an order that tur
 # the same shape and only the sidecar's own difference is left. h2load holds the rate: per
 # connection (--rps) for keep-alive, by opening connections every 10 ms for a new connection
 # per request.
-measure_rate() { # label url kind rate
-  local label=$1 url=$2 kind=$3 rate=$4 c0 c1 n failed
+measure_rate() { # label url kind rate [seconds]
+  local label=$1 url=$2 kind=$3 rate=$4 secs=${5:-$secs} c0 c1 n failed
   local args=(--h1 -t1 -H ':authority: payments.aether.internal')
   if [ "$kind" = keep-alive ]; then
     args+=(-c16 --rps=$((rate / 16)) -D "$secs")
@@ -161,7 +161,8 @@ measure_rate() { # label url kind rate
   c0=$(ticks "$client")
   ip netns exec "$ns" h2load "${args[@]}" "$url" >"$work/run.txt" 2>&1 || true
   c1=$(ticks "$client")
-  n=$(awk '/^requests:/{print $8}' "$work/run.txt")
+  # Per answered request, failed ones included: a 503 from the breaker cost the sidecar too.
+  n=$(awk '/^requests:/{print $6}' "$work/run.txt")
   failed=$(awk '/^requests:/{print $10}' "$work/run.txt")
   awk -v l="$label" -v c=$((c1 - c0)) -v n="${n:-0}" -v hz="$hz" -v f="${failed:-?}" -v s="$secs" \
     'BEGIN{ printf "%-34s %9.0f req/s  client %.1f us/req  (%s failed)\n", l, n/s, n ? c/hz*1e6/n : 0, f }' |
@@ -171,6 +172,10 @@ equal_pair() { # round kind: the pair again at 80% of the slower closed-loop rat
   local round=$1 kind=$2 rate
   rate=$(grep -F " $kind " "$work/per-request.txt" | grep -v "at equal rate" | tail -2 |
     awk '{print $(NF-4)}' | sort -n | head -1 | awk '{printf "%d", $1 * 0.8}')
+  # Two unrecorded seconds at that rate first: a step from wrk's 16 connections to this rate
+  # makes the sidecars open upstream connections, and for a new connection per request the
+  # first half second of the step ran slow enough for the breaker to answer some 503s.
+  measure_rate "warm-up" "http://127.0.0.1:15001/" "$kind" "$rate" 2 >/dev/null
   if [ $((round % 2)) -eq 1 ]; then
     measure_rate "explicit $kind at equal rate" "http://127.0.0.1:15001/" "$kind" "$rate"
     measure_rate "captured $kind at equal rate" "http://$vip:18080/" "$kind" "$rate"
