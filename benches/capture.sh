@@ -153,10 +153,11 @@ measure_rate() { # label url kind rate [seconds]
   local label=$1 url=$2 kind=$3 rate=$4 secs=${5:-$secs} c0 c1 n failed
   local args=(--h1 -t1 -H ':authority: payments.aether.internal')
   if [ "$kind" = keep-alive ]; then
-    args+=(-c16 --rps=$((rate / 16)) -D "$secs")
+    args+=(-c16 --rps=$((rate / 16 > 0 ? rate / 16 : 1)) -D "$secs")
   else
-    n=$((rate / 100 * 100 * secs))
-    args+=(-H 'Connection: close' -n "$n" -c "$n" -r $((rate / 100)) --rate-period 10ms)
+    local per=$((rate / 100 > 0 ? rate / 100 : 1))
+    n=$((per * 100 * secs))
+    args+=(-H 'Connection: close' -n "$n" -c "$n" -r "$per" --rate-period 10ms)
   fi
   c0=$(ticks "$client")
   ip netns exec "$ns" h2load "${args[@]}" "$url" >"$work/run.txt" 2>&1 || true
