@@ -190,6 +190,24 @@ impl ContinueApp {
             _task: task,
         }
     }
+
+    /// When the app sent its first 100; fails the test if it sent none.
+    fn first_100(&self) -> Instant {
+        *self
+            .sent_100
+            .lock()
+            .unwrap()
+            .first()
+            .expect("the app sent its 100")
+    }
+}
+
+/// After the 100: sends the 5-byte body and reads the app's `got 5`.
+async fn send_body_and_read_got_5(s: &mut TcpStream) {
+    s.write_all(b"hello").await.unwrap();
+    let head = read_head(s).await.unwrap();
+    assert_eq!(head.status, 200);
+    assert_eq!(read_body(s, &head).await, b"got 5");
 }
 
 async fn continue_conn(
@@ -264,23 +282,14 @@ async fn expect_continue_waits_for_the_apps_100() {
     let head = read_head(&mut s).await.unwrap();
     let got_100 = Instant::now();
     assert_eq!(head.status, 100, "the client's first answer is the 100");
-    let app_sent = *m
-        .cont
-        .sent_100
-        .lock()
-        .unwrap()
-        .first()
-        .expect("the app sent its 100 before the client saw one");
+    let app_sent = m.cont.first_100();
     assert!(
         got_100 >= app_sent && got_100 - started >= CONTINUE_DELAY,
         "the client saw a 100 {:?} after sending, before the app's (sent {:?} after)",
         got_100 - started,
         app_sent.saturating_duration_since(started)
     );
-    s.write_all(b"hello").await.unwrap();
-    let head = read_head(&mut s).await.unwrap();
-    assert_eq!(head.status, 200);
-    assert_eq!(read_body(&mut s, &head).await, b"got 5");
+    send_body_and_read_got_5(&mut s).await;
     assert_eq!(m.cont.body_bytes.load(Ordering::SeqCst), 5);
 }
 
@@ -296,22 +305,13 @@ async fn expect_continue_on_a_closing_connection_passes_the_100_on_at_once() {
     let head = read_head(&mut s).await.unwrap();
     let got_100 = Instant::now();
     assert_eq!(head.status, 100, "the client's first answer is the 100");
-    let app_sent = *m
-        .cont
-        .sent_100
-        .lock()
-        .unwrap()
-        .first()
-        .expect("the app sent its 100");
+    let app_sent = m.cont.first_100();
     let late = got_100.saturating_duration_since(app_sent);
     assert!(
         late < Duration::from_millis(100),
         "the 100 reached the client {late:?} after the app sent it"
     );
-    s.write_all(b"hello").await.unwrap();
-    let head = read_head(&mut s).await.unwrap();
-    assert_eq!(head.status, 200);
-    assert_eq!(read_body(&mut s, &head).await, b"got 5");
+    send_body_and_read_got_5(&mut s).await;
     let (_, end) = read_to_end_within(&mut s, IO_TIMEOUT).await;
     assert_eq!(end, ReadEnd::Eof, "the connection closes after the answer");
 }
@@ -331,10 +331,7 @@ async fn expect_continue_to_an_app_that_ignores_it_sends_the_body_after_a_wait()
         waited >= Duration::from_millis(900) && waited < Duration::from_secs(5),
         "the 100 came after {waited:?}"
     );
-    s.write_all(b"hello").await.unwrap();
-    let head = read_head(&mut s).await.unwrap();
-    assert_eq!(head.status, 200);
-    assert_eq!(read_body(&mut s, &head).await, b"got 5");
+    send_body_and_read_got_5(&mut s).await;
     assert!(m.cont.sent_100.lock().unwrap().is_empty());
 }
 
