@@ -135,8 +135,7 @@ impl Inbound {
         mut tcp: TcpStream,
         addr: SocketAddr,
     ) -> Option<(peer::TlsStream, chain::Chain)> {
-        // Empty: the reader sizes its first read (4 KiB), which takes a whole post-quantum
-        // ClientHello (2.2 KB with an X25519MLKEM768 share) in one `recv`.
+        // The reader sizes its reads.
         let mut buf = BytesMut::new();
         let hello = match clienthello::read(&mut tcp, &mut buf, hello_timeout()).await {
             Ok(h) => h,

@@ -86,7 +86,8 @@ async fn read_until_hello<S>(
 where
     S: AsyncRead + Unpin,
 {
-    // One read usually brings the whole hello; start with room for a typical one.
+    // Every read has room for a whole typical hello, whatever the caller's buffer: a
+    // post-quantum one (2.2 KB with an X25519MLKEM768 share and a ticket) then takes one `recv`.
     const CHUNK: usize = 4096;
     loop {
         if let Some(hello) = reader.feed(buf)? {
@@ -98,9 +99,7 @@ where
         if room == 0 {
             return Err(HelloError::TooLarge.into());
         }
-        if buf.capacity() == buf.len() {
-            buf.reserve(room.min(CHUNK));
-        }
+        buf.reserve(room.min(CHUNK));
         let n = io.read_buf(&mut BufMut::limit(&mut *buf, room)).await?;
         if n == 0 {
             return Err(ReadError::Eof);

@@ -659,6 +659,53 @@ async fn read_over_one_byte_reads() {
     assert_eq!(&buf[..], &split[..]);
 }
 
+/// Hands out as much as each read has room for, counting the reads: a socket with the whole
+/// hello already queued.
+struct Queued {
+    data: Vec<u8>,
+    pos: usize,
+    reads: usize,
+}
+
+impl AsyncRead for Queued {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let n = buf.remaining().min(self.data.len() - self.pos);
+        let start = self.pos;
+        buf.put_slice(&self.data[start..start + n]);
+        self.pos += n;
+        self.reads += 1;
+        Poll::Ready(Ok(()))
+    }
+}
+
+#[tokio::test]
+async fn a_post_quantum_hello_takes_one_read_whatever_the_callers_buffer() {
+    // The mesh's key share and a few more ALPN names: past 2 KiB, as a real mesh client's hello
+    // with its session ticket is.
+    let names: Vec<Vec<u8>> = (0..8)
+        .map(|i| format!("proto-{i}-{}", "x".repeat(90)).into_bytes())
+        .collect();
+    let refs: Vec<&[u8]> = names.iter().map(Vec::as_slice).collect();
+    let wire = real_hello_with(Some("9090"), &refs, |b| {
+        b.set_curves_list("X25519MLKEM768:X25519:P-256").unwrap();
+    });
+    assert!(wire.len() > 2048, "hello of {} bytes", wire.len());
+    for mut buf in [BytesMut::new(), BytesMut::with_capacity(2048)] {
+        let mut io = Queued {
+            data: wire.clone(),
+            pos: 0,
+            reads: 0,
+        };
+        let got = read(&mut io, &mut buf, T).await.unwrap();
+        assert_eq!(got.alpn, names);
+        assert_eq!(io.reads, 1, "reads for a {}-byte hello", wire.len());
+    }
+}
+
 #[tokio::test]
 async fn read_keeps_bytes_past_the_hello() {
     let mut wire = real_hello(Some("9090"), &[b"h2"]);
