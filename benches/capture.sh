@@ -120,27 +120,21 @@ vip=$(ip netns exec "$ns" curl -s http://127.0.0.1:15000/config_dump |
 
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 hz=$(getconf CLK_TCK)
+# Each run prints a line and records `label<TAB>req/s<TAB>µs per request` in runs.tsv.
+record() { # label req/s cpu-ticks requests [note]
+  awk -v l="$1" -v r="$2" -v c="$3" -v n="$4" -v hz="$hz" -v note="${5:-}" -v tsv="$work/runs.tsv" \
+    'BEGIN{ us = n ? c/hz*1e6/n : 0
+            printf "%-34s %9.0f req/s  client %.1f us/req%s\n", l, r, us, note
+            printf "%s\t%f\t%f\n", l, r, us >> tsv }'
+}
 measure() { # label url extra-wrk-args...
   local label=$1 url=$2; shift 2
-  local c0 c1 n rps
+  local c0 c1
   c0=$(ticks "$client")
   ip netns exec "$ns" wrk -t1 -c16 -d"${secs}s" -H 'Host: payments.aether.internal' "$@" "$url" >"$work/run.txt" 2>&1
   c1=$(ticks "$client")
-  n=$(awk '/requests in/{print $1}' "$work/run.txt")
-  rps=$(awk '/^Requests\/sec/{print $2}' "$work/run.txt")
-  awk -v l="$label" -v c=$((c1 - c0)) -v n="$n" -v hz="$hz" -v r="$rps" \
-    'BEGIN{ printf "%-34s %9s req/s  client %.1f us/req\n", l, r, c/hz*1e6/n }' |
-    tee -a "$work/per-request.txt"
-}
-pair() { # round kind [wrk-args...]: explicit and captured, in an order that turns each round
-  local round=$1 kind=$2; shift 2
-  if [ $((round % 2)) -eq 1 ]; then
-    measure "explicit $kind" "http://127.0.0.1:15001/" "$@"
-    measure "captured $kind" "http://$vip:18080/" "$@"
-  else
-    measure "captured $kind" "http://$vip:18080/" "$@"
-    measure "explicit $kind" "http://127.0.0.1:15001/" "$@"
-  fi
+  record "$label" "$(awk '/^Requests\/sec/{print $2}' "$work/run.txt")" $((c1 - c0)) \
+    "$(awk '/requests in/{print $1}' "$work/run.txt")"
 }
 # The same pair at one fixed rate, 80% of the slower of the two closed-loop runs before it. In a
 # closed loop the captured run's client (wrk) also pays for the capture (NAT and a new route for
@@ -149,60 +143,68 @@ pair() { # round kind [wrk-args...]: explicit and captured, in an order that tur
 # the same shape and only the sidecar's own difference is left. h2load holds the rate: per
 # connection (--rps) for keep-alive, by opening connections every 10 ms for a new connection
 # per request.
-measure_rate() { # label url kind rate [seconds]
-  local label=$1 url=$2 kind=$3 rate=$4 secs=${5:-$secs} c0 c1 n failed
+h2load_at() { # url kind rate seconds: into run.txt
+  local url=$1 kind=$2 rate=$3 secs=$4 n per
   local args=(--h1 -t1 -H ':authority: payments.aether.internal')
   if [ "$kind" = keep-alive ]; then
     args+=(-c16 --rps=$((rate / 16 > 0 ? rate / 16 : 1)) -D "$secs")
   else
-    local per=$((rate / 100 > 0 ? rate / 100 : 1))
+    per=$((rate / 100 > 0 ? rate / 100 : 1))
     n=$((per * 100 * secs))
     args+=(-H 'Connection: close' -n "$n" -c "$n" -r "$per" --rate-period 10ms)
   fi
-  c0=$(ticks "$client")
   ip netns exec "$ns" h2load "${args[@]}" "$url" >"$work/run.txt" 2>&1 || true
+}
+measure_rate() { # label url kind rate
+  local label=$1 url=$2 kind=$3 rate=$4 c0 c1 answered failed
+  c0=$(ticks "$client")
+  h2load_at "$url" "$kind" "$rate" "$secs"
   c1=$(ticks "$client")
   # Per answered request, failed ones included: a 503 from the breaker cost the sidecar too.
-  n=$(awk '/^requests:/{print $6}' "$work/run.txt")
+  answered=$(awk '/^requests:/{print $6}' "$work/run.txt")
   failed=$(awk '/^requests:/{print $10}' "$work/run.txt")
-  awk -v l="$label" -v c=$((c1 - c0)) -v n="${n:-0}" -v hz="$hz" -v f="${failed:-?}" -v s="$secs" \
-    'BEGIN{ printf "%-34s %9.0f req/s  client %.1f us/req  (%s failed)\n", l, n/s, n ? c/hz*1e6/n : 0, f }' |
-    tee -a "$work/per-request.txt"
+  record "$label" $((${answered:-0} / secs)) $((c1 - c0)) "${answered:-0}" "  (${failed:-?} failed)"
 }
-equal_pair() { # round kind: the pair again at 80% of the slower closed-loop rate of this round
-  local round=$1 kind=$2 rate
-  rate=$(grep -F " $kind " "$work/per-request.txt" | grep -v "at equal rate" | tail -2 |
-    awk '{print $(NF-4)}' | sort -n | head -1 | awk '{printf "%d", $1 * 0.8}')
-  # Two unrecorded seconds at that rate first: a step from wrk's 16 connections to this rate
-  # makes the sidecars open upstream connections, and for a new connection per request the
-  # first half second of the step ran slow enough for the breaker to answer some 503s.
-  measure_rate "warm-up" "http://127.0.0.1:15001/" "$kind" "$rate" 2 >/dev/null
+pair() { # round how label [args...]: `how` (measure or measure_rate) on the explicit and the
+  # captured path, in an order that turns each round
+  local round=$1 how=$2 label=$3; shift 3
+  local explicit=("explicit $label" "http://127.0.0.1:15001/") captured=("captured $label" "http://$vip:18080/")
   if [ $((round % 2)) -eq 1 ]; then
-    measure_rate "explicit $kind at equal rate" "http://127.0.0.1:15001/" "$kind" "$rate"
-    measure_rate "captured $kind at equal rate" "http://$vip:18080/" "$kind" "$rate"
+    "$how" "${explicit[@]}" "$@"
+    "$how" "${captured[@]}" "$@"
   else
-    measure_rate "captured $kind at equal rate" "http://$vip:18080/" "$kind" "$rate"
-    measure_rate "explicit $kind at equal rate" "http://127.0.0.1:15001/" "$kind" "$rate"
+    "$how" "${captured[@]}" "$@"
+    "$how" "${explicit[@]}" "$@"
   fi
+}
+slower_rate() { # kind: 80% of the slower closed-loop run of this kind in the round just run
+  tail -2 "$work/runs.tsv" | awk -F'\t' -v k="$1" '
+    $1 == "explicit " k || $1 == "captured " k { if (!n++ || $2 < low) low = $2 }
+    END { printf "%d", low * 0.8 }'
 }
 # The order turns each round: the run that goes second inherits the first one's TIME_WAIT
 # sockets and conntrack entries (a new connection per request leaves ~140,000), which with a
 # fixed order would be charged to the captured path every time.
 echo "client sidecar: $bin, --concurrency 1; ${secs}s per run, $rounds rounds, order alternated"
 for round in $(seq "$rounds"); do
-  pair "$round" "keep-alive"
-  equal_pair "$round" "keep-alive"
-  pair "$round" "new conn per request" -H 'Connection: close'
-  equal_pair "$round" "new conn per request"
+  for kind in "keep-alive" "new conn per request"; do
+    if [ "$kind" = keep-alive ]; then
+      pair "$round" measure "$kind"
+    else
+      pair "$round" measure "$kind" -H 'Connection: close'
+    fi
+    rate=$(slower_rate "$kind")
+    # Two unrecorded seconds at that rate first: a step from wrk's 16 connections to this rate
+    # makes the sidecars open upstream connections, and for a new connection per request the
+    # first half second of the step ran slow enough for the breaker to answer some 503s.
+    h2load_at "http://127.0.0.1:15001/" "$kind" "$rate" 2
+    pair "$round" measure_rate "$kind at equal rate" "$kind" "$rate"
+  done
 done
 # Each round's own ratio, then their median (the rounds drift more than the paths differ).
 for kind in "keep-alive" "new conn per request" "keep-alive at equal rate" \
   "new conn per request at equal rate"; do
-  col() {
-    grep -F "$1 $kind " "$work/per-request.txt" |
-      if [[ $kind == *"equal rate" ]]; then cat; else grep -vF "equal rate"; fi |
-      sed 's/.*client \([0-9.]*\) us.*/\1/'
-  }
+  col() { awk -F'\t' -v l="$1 $kind" '$1 == l {print $3}' "$work/runs.tsv"; }
   col explicit >"$work/e.txt"
   col captured >"$work/c.txt"
   paste "$work/c.txt" "$work/e.txt" | awk '{print $1 / $2}' | sort -n |
