@@ -90,7 +90,9 @@ impl LoopbackSegments {
         // Protocol 0 until bound: nothing is queued before the filter is in place.
         let socket = Socket::new(Domain::PACKET, Type::DGRAM, None)
             .unwrap_or_else(|e| panic!("packet socket (needs root): {e}"));
-        // IPv4 TCP from `from` only (the packet starts at its IP header).
+        // IPv4 TCP from `from` only (the packet starts at its IP header). Bound to one protocol
+        // (not ETH_P_ALL), the socket sees each loopback packet once, arriving: outgoing copies
+        // go only to ETH_P_ALL taps.
         let ip = u32::from(*v4.ip());
         let port = u32::from(v4.port());
         let prog = [
@@ -130,21 +132,16 @@ impl LoopbackSegments {
         };
         let deadline = std::time::Instant::now() + limit;
         let mut seen = Vec::new();
-        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 65536];
+        let mut buf = [0u8; 65536];
         while std::time::Instant::now() < deadline {
             // A read timeout (nothing more queued) just tries again until the deadline.
-            let Ok((n, from)) = self.socket.recv_from(&mut buf) else {
+            let Ok(n) = std::io::Read::read(&mut &self.socket, &mut buf) else {
                 continue;
             };
-            // SAFETY: a packet socket's source address is a `sockaddr_ll`.
-            let pkttype = unsafe { from.as_storage().view_as::<libc::sockaddr_ll>().sll_pkttype };
-            // Loopback shows each packet twice, leaving and arriving; count it arriving.
-            if n < 20 || pkttype == libc::PACKET_OUTGOING {
+            if n < 20 {
                 continue;
             }
-            // SAFETY: `recv_from` initialised the first `n` bytes.
-            let p: &[u8] =
-                unsafe { &*(&buf[..n] as *const [std::mem::MaybeUninit<u8>] as *const [u8]) };
+            let p = &buf[..n];
             let ihl = usize::from(p[0] & 0x0f) * 4;
             let total = usize::from(u16::from_be_bytes([p[2], p[3]]));
             let dst = std::net::Ipv4Addr::new(p[16], p[17], p[18], p[19]);
