@@ -188,11 +188,9 @@ slower_rate() { # kind: 80% of the slower closed-loop run of this kind in the ro
 echo "client sidecar: $bin, --concurrency 1; ${secs}s per run, $rounds rounds, order alternated"
 for round in $(seq "$rounds"); do
   for kind in "keep-alive" "new conn per request"; do
-    if [ "$kind" = keep-alive ]; then
-      pair "$round" measure "$kind"
-    else
-      pair "$round" measure "$kind" -H 'Connection: close'
-    fi
+    close=()
+    [ "$kind" = keep-alive ] || close=(-H 'Connection: close')
+    pair "$round" measure "$kind" "${close[@]}"
     rate=$(slower_rate "$kind")
     # Two unrecorded seconds at that rate first: a step from wrk's 16 connections to this rate
     # makes the sidecars open upstream connections, and for a new connection per request the
@@ -202,11 +200,13 @@ for round in $(seq "$rounds"); do
   done
 done
 # Each round's own ratio, then their median (the rounds drift more than the paths differ).
+us_of() { # label: the µs per request of each run so labelled, in order
+  awk -F'\t' -v l="$1" '$1 == l {print $3}' "$work/runs.tsv"
+}
 for kind in "keep-alive" "new conn per request" "keep-alive at equal rate" \
   "new conn per request at equal rate"; do
-  col() { awk -F'\t' -v l="$1 $kind" '$1 == l {print $3}' "$work/runs.tsv"; }
-  col explicit >"$work/e.txt"
-  col captured >"$work/c.txt"
+  us_of "explicit $kind" >"$work/e.txt"
+  us_of "captured $kind" >"$work/c.txt"
   paste "$work/c.txt" "$work/e.txt" | awk '{print $1 / $2}' | sort -n |
     awk -v k="$kind" '{r[NR] = $1} END {
       m = NR % 2 ? r[(NR + 1) / 2] : (r[NR / 2] + r[NR / 2 + 1]) / 2
