@@ -1,6 +1,7 @@
 //! Caps (SPEC section 8): the per-cluster circuit breakers (requests, upstream connections),
-//! one dial per pool key at a time, the per-listener connection cap and the cap on inbound
-//! connections still in their TLS handshake. Every rejection is counted.
+//! one dial per pool key at a time (eight side by side where connections are not shared), the
+//! per-listener connection cap and the cap on inbound connections still in their TLS
+//! handshake. Every rejection is counted.
 //!
 //! Real `aether-proxy run` processes and real mTLS on loopback, as in `common::mesh`.
 
@@ -394,6 +395,220 @@ async fn a_flood_of_silent_connections_cannot_lock_out_real_peers() {
         rss_after < rss_before + 32 * 1024,
         "RSS grew from {rss_before} to {rss_after} KiB"
     );
+}
+
+/// A relay on another address of the pod that holds every new connection for `delay` before
+/// passing it on to `target`, counting the connections it was given and how many it held at
+/// once.
+struct DelayRelay {
+    total: Arc<AtomicUsize>,
+    most_held: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl DelayRelay {
+    async fn start(at: SocketAddr, target: SocketAddr, delay: Duration) -> DelayRelay {
+        let relay = TcpListener::bind(at).await.unwrap();
+        let (total, most_held) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let held = Arc::new(AtomicUsize::new(0));
+        let (t, m) = (total.clone(), most_held.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((mut down, _)) = relay.accept().await {
+                t.fetch_add(1, Ordering::SeqCst);
+                let now = held.fetch_add(1, Ordering::SeqCst) + 1;
+                m.fetch_max(now, Ordering::SeqCst);
+                let held = held.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    held.fetch_sub(1, Ordering::SeqCst);
+                    if let Ok(mut up) = TcpStream::connect(target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+                    }
+                });
+            }
+        });
+        DelayRelay {
+            total,
+            most_held,
+            task,
+        }
+    }
+}
+
+impl Drop for DelayRelay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A burst of requests for a key whose connections are not shared dials at most
+/// `PARALLEL_DIALS` (8) connections at once; the rest wait for a free dial. Behind a relay that
+/// holds each new connection for 300 ms, 30 concurrent requests that each need their own
+/// connection (one request per connection) all succeed, and the relay never holds more than
+/// 8 handshakes at once (without the bound it held all 30).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_dials_at_most_eight_connections_at_once() {
+    let net = Net::fresh();
+    let (client_pod, p1) = (net.pod(0), net.pod(1));
+    let certs = certs();
+    let _app = HttpApp::auto(p1.app(8080)).await;
+    let _s1 = server_proxy(&certs, p1, "payments", &["{ port: 8080, protocol: auto }"]).await;
+    let relay_ip = p1.extra(3);
+    let relay = DelayRelay::start(
+        SocketAddr::new(relay_ip, 15008),
+        p1.inbound(),
+        Duration::from_millis(300),
+    )
+    .await;
+    let cat = catalog(&[service(
+        "payments",
+        &certs.spiffe_id(PAYMENTS),
+        "    max_requests_per_connection: 1\n",
+        &[endpoint(relay_ip, &[8080])],
+    )]);
+    let _client = client_proxy(&certs, client_pod, &cat, "").await;
+    let out = client_pod.outbound();
+
+    assert_app_ok(&get_h1(out, SVC, "/first").await, 8080, "the first request");
+    let mut set = JoinSet::new();
+    for i in 0..30 {
+        set.spawn(async move { get_h1(out, SVC, &format!("/burst-{i}")).await });
+    }
+    while let Some(r) = set.join_next().await {
+        assert_app_ok(&r.unwrap(), 8080, "a request of the burst");
+    }
+    let (total, most) = (
+        relay.total.load(Ordering::SeqCst),
+        relay.most_held.load(Ordering::SeqCst),
+    );
+    assert_eq!(total, 31, "one connection per request");
+    assert!(
+        most <= 8,
+        "{most} connections were being dialled at once (at most 8)"
+    );
+}
+
+/// Requests waiting for a dial take a connection handed back to the pool instead: behind a
+/// relay that holds each new connection for 300 ms, a burst of 20 HTTP/1.1 requests finds one
+/// pooled connection, eight of them dial, and the other eleven are served one after another
+/// on the connections that come back, long before any dial ends. Nine connections in all, not
+/// one per request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_requests_take_connections_handed_back() {
+    let net = Net::fresh();
+    let (client_pod, p1) = (net.pod(0), net.pod(1));
+    let certs = certs();
+    let _app = HttpApp::auto(p1.app(8080)).await;
+    let _s1 = server_proxy(&certs, p1, "payments", &["{ port: 8080, protocol: auto }"]).await;
+    let relay_ip = p1.extra(3);
+    let relay = DelayRelay::start(
+        SocketAddr::new(relay_ip, 15008),
+        p1.inbound(),
+        Duration::from_millis(300),
+    )
+    .await;
+    let cat = catalog(&[service(
+        "payments",
+        &certs.spiffe_id(PAYMENTS),
+        "",
+        &[endpoint(relay_ip, &[8080])],
+    )]);
+    let _client = client_proxy(&certs, client_pod, &cat, "").await;
+    let out = client_pod.outbound();
+
+    // The first request learns that this key's (HTTP/1.1) connections are not shared, and
+    // leaves its connection in the pool.
+    assert_app_ok(&get_h1(out, SVC, "/first").await, 8080, "the first request");
+    let t = Instant::now();
+    let mut set = JoinSet::new();
+    for i in 0..20 {
+        set.spawn(async move {
+            let r = get_h1(out, SVC, &format!("/burst-{i}")).await;
+            (r, t.elapsed())
+        });
+    }
+    let mut early = 0;
+    while let Some(r) = set.join_next().await {
+        let (r, took) = r.unwrap();
+        assert_app_ok(&r, 8080, "a request of the burst");
+        early += usize::from(took < Duration::from_millis(250));
+    }
+    let total = relay.total.load(Ordering::SeqCst);
+    assert!(
+        total <= 9,
+        "{total} connections for 21 requests: waiting requests dialled instead of taking the \
+         connections handed back (at most 1 + 8)"
+    );
+    assert!(
+        early >= 10,
+        "only {early} of 20 requests were answered before the dials could end"
+    );
+}
+
+/// The bound does not turn a dead endpoint into rounds of timeouts: once the endpoint stops
+/// completing TLS, 20 concurrent requests for a key whose connections are not shared make 8
+/// dials, and when those fail the 12 requests waiting for a place fail with them (503
+/// `upstream-connect-failure`) instead of dialling in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_parallel_dial_fails_the_requests_waiting_for_a_place() {
+    let net = Net::fresh();
+    let (client_pod, p1) = (net.pod(0), net.pod(1));
+    let certs = certs();
+    let _app = HttpApp::auto(p1.app(8080)).await;
+    let _s1 = server_proxy(&certs, p1, "payments", &["{ port: 8080, protocol: auto }"]).await;
+    // Passes its first connection on to the server proxy, then accepts and holds the rest.
+    let relay_ip = p1.extra(3);
+    let relay = TcpListener::bind(SocketAddr::new(relay_ip, 15008))
+        .await
+        .unwrap();
+    let silent = Arc::new(AtomicUsize::new(0));
+    let target = p1.inbound();
+    let relaying = {
+        let silent = silent.clone();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            let mut first = true;
+            while let Ok((mut down, _)) = relay.accept().await {
+                if std::mem::take(&mut first) {
+                    tokio::spawn(async move {
+                        let mut up = TcpStream::connect(target).await.unwrap();
+                        let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+                    });
+                } else {
+                    silent.fetch_add(1, Ordering::SeqCst);
+                    held.push(down);
+                }
+            }
+        })
+    };
+    let cat = catalog(&[service(
+        "payments",
+        &certs.spiffe_id(PAYMENTS),
+        "    max_requests_per_connection: 1\n    connect_timeout: 500ms\n",
+        &[endpoint(relay_ip, &[8080])],
+    )]);
+    let _client = client_proxy(&certs, client_pod, &cat, "").await;
+    let out = client_pod.outbound();
+
+    assert_app_ok(&get_h1(out, SVC, "/first").await, 8080, "the first request");
+    let mut set = JoinSet::new();
+    for i in 0..20 {
+        set.spawn(async move { get_h1(out, SVC, &format!("/doomed-{i}")).await });
+    }
+    while let Some(r) = set.join_next().await {
+        assert_proxy_error(
+            &r.unwrap(),
+            503,
+            "upstream-connect-failure",
+            "the endpoint no longer completes TLS",
+        );
+    }
+    assert_eq!(
+        silent.load(Ordering::SeqCst),
+        8,
+        "eight dials for twenty requests: the ones waiting for a place failed with them"
+    );
+    relaying.abort();
 }
 
 /// Once a key's connections turn out not to be shareable (HTTP/1.1 callers, one request per

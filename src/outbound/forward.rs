@@ -8,7 +8,7 @@ use http::{Request, Response, Version};
 
 use super::cluster::{ActiveGuard, Cluster};
 use super::connect::{ConnectError, PoolKey, Upstream};
-use super::pool::{Conn, SendError, StreamGuard};
+use super::pool::{Conn, SendError, StreamGuard, Turn};
 use super::retry::{self, Resend, Tries, MAX_RETRIES};
 use super::route::choose_subset;
 use crate::config::Locality;
@@ -156,8 +156,8 @@ enum Dial {
 }
 
 /// A connection for `key` when the pool had none: after its turn to dial (one dial per key in
-/// flight, unless the key's connections are not shared), from the pool if the dial before it
-/// left a shareable one, else a new one.
+/// flight; for a key whose connections are not shared, `pool::PARALLEL_DIALS`), from the pool
+/// if one came back meanwhile, else a new one.
 async fn dial(
     up: &Upstream,
     key: &PoolKey,
@@ -166,13 +166,21 @@ async fn dial(
 ) -> Result<Conn, Dial> {
     // Boxed, here and below: dialling is the rare path, and its machinery would otherwise be
     // part of (and copied with) every request's future.
-    let mut turn = Box::pin(up.pool.dial_turn(key)).await;
-    if let Some(c) = up.pool.get(key, max_uses) {
-        return Ok(c);
-    }
-    if turn.as_ref().is_some_and(|t| t.waited_for_a_failure()) {
-        return Err(Dial::WaitedForAFailure);
-    }
+    let turn = Box::pin(up.pool.dial_turn(key)).await;
+    let mut turn = match turn {
+        Turn::Pooled(c) => return Ok(c),
+        Turn::WaitedForAFailure => return Err(Dial::WaitedForAFailure),
+        Turn::Shared(t) => {
+            if let Some(c) = up.pool.get(key, max_uses) {
+                return Ok(c);
+            }
+            if t.waited_for_a_failure() {
+                return Err(Dial::WaitedForAFailure);
+            }
+            Turn::Shared(t)
+        }
+        parallel => parallel,
+    };
     match Box::pin(up.connect_http(key, cluster)).await {
         Ok(c) => {
             up.pool
@@ -181,8 +189,10 @@ async fn dial(
         }
         Err(ConnectError::Overflow) => Err(Dial::Overflow),
         Err(e) => {
-            if let Some(t) = turn.as_mut() {
-                t.failed();
+            match &mut turn {
+                Turn::Shared(t) => t.failed(),
+                Turn::Parallel(d) => d.failed(),
+                _ => {}
             }
             tracing::info!(cluster = %cluster.name, endpoint = %key.endpoint, "upstream connect failed: {e}");
             Err(Dial::Failed(e.reason()))

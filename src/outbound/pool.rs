@@ -59,14 +59,75 @@ struct Slot {
     dialer: Arc<tokio::sync::Mutex<LastDial>>,
     /// The last connection dialled for this key could not be shared (HTTP/1.1, or one request
     /// per connection): waiting for another request's dial would gain nothing, so requests
-    /// dial without taking turns.
+    /// dial side by side (`parallel`).
     unshared: bool,
+    parallel: Arc<Parallel>,
 }
 
 impl Slot {
     fn in_use(&self) -> bool {
-        !self.h2.is_empty() || !self.h1.is_empty() || Arc::strong_count(&self.dialer) > 1
+        !self.h2.is_empty()
+            || !self.h1.is_empty()
+            || Arc::strong_count(&self.dialer) > 1
+            || Arc::strong_count(&self.parallel) > 1
     }
+
+    /// An idle HTTP/1.1 connection that is still usable, if one is pooled.
+    fn take_h1(&mut self, now: Instant) -> Option<Conn> {
+        while let Some((h1, since, uses)) = self.h1.pop() {
+            if h1.is_ready() && now.duration_since(since) < IDLE_TIMEOUT {
+                return Some(Conn::H1(h1, uses));
+            }
+        }
+        None
+    }
+}
+
+/// Dials in flight for a key whose connections are not shared. Without a bound, a burst of
+/// requests that finds the pool empty (a step in load, a stall that let requests pile up)
+/// starts one TLS handshake each: a thousand handshakes cost far more than the requests, every
+/// request waits for its own handshake while connections freed by the others sit idle, and the
+/// queue grows into the request breaker. With a bound, the requests past it wait for whichever
+/// comes first, a connection handed back or a free dial.
+pub const PARALLEL_DIALS: u32 = 8;
+
+#[derive(Default)]
+struct Parallel {
+    dialing: AtomicU32,
+    /// Woken when a connection comes back, a dial ends, or a dial fails.
+    freed: tokio::sync::Notify,
+    /// When a dial of this key last failed: requests waiting since before then move on.
+    failed_at: Mutex<Option<Instant>>,
+}
+
+/// One of a key's parallel dials; dropping it frees the place for a waiting request.
+pub struct DialSlot(Arc<Parallel>);
+
+impl DialSlot {
+    /// The dial failed: requests waiting for this key stop waiting and move on.
+    pub fn failed(&self) {
+        *self.0.failed_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        self.0.freed.notify_waiters();
+    }
+}
+
+impl Drop for DialSlot {
+    fn drop(&mut self) {
+        self.0.dialing.fetch_sub(1, Ordering::AcqRel);
+        self.0.freed.notify_one();
+    }
+}
+
+/// What a request that found no pooled connection may do (`Pool::dial_turn`).
+pub enum Turn {
+    /// The key's turn to dial (its connections may be shared).
+    Shared(DialTurn),
+    /// One of the parallel dials of a key whose connections are not shared.
+    Parallel(DialSlot),
+    /// A connection came back to the pool while the request waited.
+    Pooled(Conn),
+    /// The dial this request waited for failed; not dialled again.
+    WaitedForAFailure,
 }
 
 #[derive(Default)]
@@ -133,31 +194,57 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
             }
             return Some(conn);
         }
-        let now = Instant::now();
-        while let Some((h1, since, uses)) = slot.h1.pop() {
-            if h1.is_ready() && now.duration_since(since) < IDLE_TIMEOUT {
-                return Some(Conn::H1(h1, uses));
-            }
-        }
-        None
+        slot.take_h1(Instant::now())
     }
 
-    /// Waits for the turn to dial `key`; `None` when this key's connections are not shared
-    /// (the request dials at once).
-    pub async fn dial_turn(&self, key: &K) -> Option<DialTurn> {
-        let dialer = {
+    /// Waits for the right to dial `key`: its turn when its connections may be shared, else
+    /// one of `PARALLEL_DIALS` places, unless a connection comes back to the pool first.
+    pub async fn dial_turn(&self, key: &K) -> Turn {
+        let since = Instant::now();
+        let parallel = {
             let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
             let slot = map.entry(key.clone()).or_default();
-            if slot.unshared {
-                return None;
+            match slot.unshared {
+                true => Ok(slot.parallel.clone()),
+                false => Err(slot.dialer.clone()),
             }
-            slot.dialer.clone()
         };
-        let since = Instant::now();
-        Some(DialTurn {
-            last: dialer.lock_owned().await,
-            since,
-        })
+        let parallel = match parallel {
+            Ok(p) => p,
+            Err(dialer) => {
+                return Turn::Shared(DialTurn {
+                    last: dialer.lock_owned().await,
+                    since,
+                })
+            }
+        };
+        loop {
+            // Armed before looking, so a hand-back between the look and the wait is not lost.
+            let freed = parallel.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            let failed_at = *parallel.failed_at.lock().unwrap_or_else(|e| e.into_inner());
+            if failed_at.is_some_and(|t| t >= since) {
+                return Turn::WaitedForAFailure;
+            }
+            if let Some(c) = self.take_h1(key) {
+                return Turn::Pooled(c);
+            }
+            let d = &parallel.dialing;
+            let mut n = d.load(Ordering::Acquire);
+            while n < PARALLEL_DIALS {
+                match d.compare_exchange_weak(n, n + 1, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => return Turn::Parallel(DialSlot(parallel.clone())),
+                    Err(now) => n = now,
+                }
+            }
+            freed.await;
+        }
+    }
+
+    fn take_h1(&self, key: &K) -> Option<Conn> {
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        map.get_mut(key)?.take_h1(Instant::now())
     }
 
     /// Records whether the connection just dialled for `key` serves other requests too.
@@ -235,6 +322,10 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         let slot = map.entry(key).or_default();
         slot.h1.push((h1, Instant::now(), uses));
+        // Requests may be waiting for a connection (`dial_turn`); without them, one load.
+        if Arc::strong_count(&slot.parallel) > 1 {
+            slot.parallel.freed.notify_one();
+        }
     }
 
     /// Drops pooled connections whose key fails `keep` (endpoints that left the catalog), and
