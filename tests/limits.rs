@@ -177,6 +177,18 @@ async fn a_burst_of_first_requests_dials_once() {
     );
 }
 
+/// Sends `n` concurrent requests and asserts that each is answered 503
+/// `upstream-connect-failure`.
+async fn all_fail_to_connect(out: SocketAddr, n: usize, why: &str) {
+    let mut set = JoinSet::new();
+    for i in 0..n {
+        set.spawn(async move { get_h1(out, SVC, &format!("/doomed-{i}")).await });
+    }
+    while let Some(r) = set.join_next().await {
+        assert_proxy_error(&r.unwrap(), 503, "upstream-connect-failure", why);
+    }
+}
+
 /// An endpoint that accepts TCP and never answers TLS: ten concurrent requests wait for ONE
 /// dial and fail with it (503 `upstream-connect-failure` after about one connect timeout),
 /// instead of dialling one after the other (ten timeouts).
@@ -208,18 +220,7 @@ async fn a_failed_dial_fails_the_requests_that_waited_for_it() {
     let out = client_pod.outbound();
 
     let t = Instant::now();
-    let mut set = JoinSet::new();
-    for i in 0..10 {
-        set.spawn(async move { get_h1(out, SVC, &format!("/doomed-{i}")).await });
-    }
-    while let Some(r) = set.join_next().await {
-        assert_proxy_error(
-            &r.unwrap(),
-            503,
-            "upstream-connect-failure",
-            "the endpoint never completes TLS",
-        );
-    }
+    all_fail_to_connect(out, 10, "the endpoint never completes TLS").await;
     let took = t.elapsed();
     assert!(
         took < Duration::from_millis(2500),
@@ -441,6 +442,37 @@ impl Drop for DelayRelay {
     }
 }
 
+/// A client pod whose catalog sends `payments` (with the service lines `extra`) to a
+/// `DelayRelay` that holds each new connection for 300 ms in front of the server pod's proxy.
+struct Relayed {
+    out: SocketAddr,
+    relay: DelayRelay,
+    _running: (HttpApp, Proxy, Proxy, Certs),
+}
+
+async fn behind_a_slow_relay(extra: &str) -> Relayed {
+    let net = Net::fresh();
+    let (client_pod, p1) = (net.pod(0), net.pod(1));
+    let certs = certs();
+    let app = HttpApp::auto(p1.app(8080)).await;
+    let server = server_proxy(&certs, p1, "payments", &["{ port: 8080, protocol: auto }"]).await;
+    let relay_ip = p1.extra(3);
+    let at = SocketAddr::new(relay_ip, 15008);
+    let relay = DelayRelay::start(at, p1.inbound(), Duration::from_millis(300)).await;
+    let cat = catalog(&[service(
+        "payments",
+        &certs.spiffe_id(PAYMENTS),
+        extra,
+        &[endpoint(relay_ip, &[8080])],
+    )]);
+    let client = client_proxy(&certs, client_pod, &cat, "").await;
+    Relayed {
+        out: client_pod.outbound(),
+        relay,
+        _running: (app, server, client, certs),
+    }
+}
+
 /// A burst of requests for a key whose connections are not shared dials at most
 /// `PARALLEL_DIALS` (8) connections at once; the rest wait for a free dial. Behind a relay that
 /// holds each new connection for 300 ms, 30 concurrent requests that each need their own
@@ -448,26 +480,8 @@ impl Drop for DelayRelay {
 /// 8 handshakes at once (without the bound it held all 30).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_dials_at_most_eight_connections_at_once() {
-    let net = Net::fresh();
-    let (client_pod, p1) = (net.pod(0), net.pod(1));
-    let certs = certs();
-    let _app = HttpApp::auto(p1.app(8080)).await;
-    let _s1 = server_proxy(&certs, p1, "payments", &["{ port: 8080, protocol: auto }"]).await;
-    let relay_ip = p1.extra(3);
-    let relay = DelayRelay::start(
-        SocketAddr::new(relay_ip, 15008),
-        p1.inbound(),
-        Duration::from_millis(300),
-    )
-    .await;
-    let cat = catalog(&[service(
-        "payments",
-        &certs.spiffe_id(PAYMENTS),
-        "    max_requests_per_connection: 1\n",
-        &[endpoint(relay_ip, &[8080])],
-    )]);
-    let _client = client_proxy(&certs, client_pod, &cat, "").await;
-    let out = client_pod.outbound();
+    let m = behind_a_slow_relay("    max_requests_per_connection: 1\n").await;
+    let (out, relay) = (m.out, &m.relay);
 
     assert_app_ok(&get_h1(out, SVC, "/first").await, 8080, "the first request");
     let mut set = JoinSet::new();
@@ -495,26 +509,8 @@ async fn a_burst_dials_at_most_eight_connections_at_once() {
 /// one per request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_requests_take_connections_handed_back() {
-    let net = Net::fresh();
-    let (client_pod, p1) = (net.pod(0), net.pod(1));
-    let certs = certs();
-    let _app = HttpApp::auto(p1.app(8080)).await;
-    let _s1 = server_proxy(&certs, p1, "payments", &["{ port: 8080, protocol: auto }"]).await;
-    let relay_ip = p1.extra(3);
-    let relay = DelayRelay::start(
-        SocketAddr::new(relay_ip, 15008),
-        p1.inbound(),
-        Duration::from_millis(300),
-    )
-    .await;
-    let cat = catalog(&[service(
-        "payments",
-        &certs.spiffe_id(PAYMENTS),
-        "",
-        &[endpoint(relay_ip, &[8080])],
-    )]);
-    let _client = client_proxy(&certs, client_pod, &cat, "").await;
-    let out = client_pod.outbound();
+    let m = behind_a_slow_relay("").await;
+    let (out, relay) = (m.out, &m.relay);
 
     // The first request learns that this key's (HTTP/1.1) connections are not shared, and
     // leaves its connection in the pool.
@@ -591,18 +587,7 @@ async fn a_failed_parallel_dial_fails_the_requests_waiting_for_a_place() {
     let out = client_pod.outbound();
 
     assert_app_ok(&get_h1(out, SVC, "/first").await, 8080, "the first request");
-    let mut set = JoinSet::new();
-    for i in 0..20 {
-        set.spawn(async move { get_h1(out, SVC, &format!("/doomed-{i}")).await });
-    }
-    while let Some(r) = set.join_next().await {
-        assert_proxy_error(
-            &r.unwrap(),
-            503,
-            "upstream-connect-failure",
-            "the endpoint no longer completes TLS",
-        );
-    }
+    all_fail_to_connect(out, 20, "the endpoint no longer completes TLS").await;
     assert_eq!(
         silent.load(Ordering::SeqCst),
         8,
@@ -617,35 +602,8 @@ async fn a_failed_parallel_dial_fails_the_requests_waiting_for_a_place() {
 /// five in a row.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unshared_connections_are_dialled_in_parallel() {
-    let net = Net::fresh();
-    let (client_pod, p1) = (net.pod(0), net.pod(1));
-    let certs = certs();
-    let _app = HttpApp::auto(p1.app(8080)).await;
-    let _s1 = server_proxy(&certs, p1, "payments", &["{ port: 8080, protocol: auto }"]).await;
-    // The endpoint the catalog names is a relay on another address of the pod.
-    let relay_ip = p1.extra(3);
-    let relay = TcpListener::bind(SocketAddr::new(relay_ip, 15008))
-        .await
-        .unwrap();
-    let target = p1.inbound();
-    let relaying = tokio::spawn(async move {
-        while let Ok((mut down, _)) = relay.accept().await {
-            tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                if let Ok(mut up) = TcpStream::connect(target).await {
-                    let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
-                }
-            });
-        }
-    });
-    let cat = catalog(&[service(
-        "payments",
-        &certs.spiffe_id(PAYMENTS),
-        "    max_requests_per_connection: 1\n",
-        &[endpoint(relay_ip, &[8080])],
-    )]);
-    let _client = client_proxy(&certs, client_pod, &cat, "").await;
-    let out = client_pod.outbound();
+    let m = behind_a_slow_relay("    max_requests_per_connection: 1\n").await;
+    let out = m.out;
 
     // The first request learns that this key's connections are not shared.
     assert_app_ok(&get_h1(out, SVC, "/first").await, 8080, "the first request");
@@ -662,5 +620,4 @@ async fn unshared_connections_are_dialled_in_parallel() {
         took < Duration::from_millis(1200),
         "five requests needing five connections took {took:?}: their dials took turns"
     );
-    relaying.abort();
 }
