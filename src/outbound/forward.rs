@@ -166,20 +166,10 @@ async fn dial(
 ) -> Result<Conn, Dial> {
     // Boxed, here and below: dialling is the rare path, and its machinery would otherwise be
     // part of (and copied with) every request's future.
-    let turn = Box::pin(up.pool.dial_turn(key)).await;
-    let mut turn = match turn {
+    let mut right = match Box::pin(up.pool.dial_turn(key, max_uses)).await {
+        Turn::Dial(right) => right,
         Turn::Pooled(c) => return Ok(c),
         Turn::WaitedForAFailure => return Err(Dial::WaitedForAFailure),
-        Turn::Shared(t) => {
-            if let Some(c) = up.pool.get(key, max_uses) {
-                return Ok(c);
-            }
-            if t.waited_for_a_failure() {
-                return Err(Dial::WaitedForAFailure);
-            }
-            Turn::Shared(t)
-        }
-        parallel => parallel,
     };
     match Box::pin(up.connect_http(key, cluster)).await {
         Ok(c) => {
@@ -189,11 +179,7 @@ async fn dial(
         }
         Err(ConnectError::Overflow) => Err(Dial::Overflow),
         Err(e) => {
-            match &mut turn {
-                Turn::Shared(t) => t.failed(),
-                Turn::Parallel(d) => d.failed(),
-                _ => {}
-            }
+            right.failed();
             tracing::info!(cluster = %cluster.name, endpoint = %key.endpoint, "upstream connect failed: {e}");
             Err(Dial::Failed(e.reason()))
         }

@@ -105,7 +105,7 @@ pub struct DialSlot(Arc<Parallel>);
 
 impl DialSlot {
     /// The dial failed: requests waiting for this key stop waiting and move on.
-    pub fn failed(&self) {
+    fn failed(&self) {
         *self.0.failed_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
         self.0.freed.notify_waiters();
     }
@@ -120,14 +120,29 @@ impl Drop for DialSlot {
 
 /// What a request that found no pooled connection may do (`Pool::dial_turn`).
 pub enum Turn {
-    /// The key's turn to dial (its connections may be shared).
-    Shared(DialTurn),
-    /// One of the parallel dials of a key whose connections are not shared.
-    Parallel(DialSlot),
+    /// Dial, holding the right to.
+    Dial(DialRight),
     /// A connection came back to the pool while the request waited.
     Pooled(Conn),
     /// The dial this request waited for failed; not dialled again.
     WaitedForAFailure,
+}
+
+pub enum DialRight {
+    /// The key's turn (its connections may be shared).
+    Turn(DialTurn),
+    /// One of the parallel dials of a key whose connections are not shared.
+    Slot(DialSlot),
+}
+
+impl DialRight {
+    /// The dial failed: the requests that waited for it move on instead of dialling again.
+    pub fn failed(&mut self) {
+        match self {
+            DialRight::Turn(t) => t.failed(),
+            DialRight::Slot(s) => s.failed(),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -145,11 +160,11 @@ pub struct DialTurn {
 
 impl DialTurn {
     /// The dial this request waited for failed.
-    pub fn waited_for_a_failure(&self) -> bool {
+    fn waited_for_a_failure(&self) -> bool {
         self.last.failed_at.is_some_and(|t| t >= self.since)
     }
 
-    pub fn failed(&mut self) {
+    fn failed(&mut self) {
         self.last.failed_at = Some(Instant::now());
     }
 }
@@ -198,8 +213,9 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
     }
 
     /// Waits for the right to dial `key`: its turn when its connections may be shared, else
-    /// one of `PARALLEL_DIALS` places, unless a connection comes back to the pool first.
-    pub async fn dial_turn(&self, key: &K) -> Turn {
+    /// one of `PARALLEL_DIALS` places; a connection pooled meanwhile (`max_uses` as in `get`)
+    /// is taken instead.
+    pub async fn dial_turn(&self, key: &K, max_uses: u32) -> Turn {
         let since = Instant::now();
         let parallel = {
             let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
@@ -212,10 +228,16 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
         let parallel = match parallel {
             Ok(p) => p,
             Err(dialer) => {
-                return Turn::Shared(DialTurn {
+                let turn = DialTurn {
                     last: dialer.lock_owned().await,
                     since,
-                })
+                };
+                // The dial before this turn may have left a shareable connection, or failed.
+                return match self.get(key, max_uses) {
+                    Some(c) => Turn::Pooled(c),
+                    None if turn.waited_for_a_failure() => Turn::WaitedForAFailure,
+                    None => Turn::Dial(DialRight::Turn(turn)),
+                };
             }
         };
         loop {
@@ -230,13 +252,14 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
             if let Some(c) = self.take_h1(key) {
                 return Turn::Pooled(c);
             }
-            let d = &parallel.dialing;
-            let mut n = d.load(Ordering::Acquire);
-            while n < PARALLEL_DIALS {
-                match d.compare_exchange_weak(n, n + 1, Ordering::AcqRel, Ordering::Acquire) {
-                    Ok(_) => return Turn::Parallel(DialSlot(parallel.clone())),
-                    Err(now) => n = now,
-                }
+            let free_place =
+                parallel
+                    .dialing
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                        (n < PARALLEL_DIALS).then_some(n + 1)
+                    });
+            if free_place.is_ok() {
+                return Turn::Dial(DialRight::Slot(DialSlot(parallel.clone())));
             }
             freed.await;
         }
