@@ -71,16 +71,6 @@ impl Slot {
             || Arc::strong_count(&self.dialer) > 1
             || Arc::strong_count(&self.parallel) > 1
     }
-
-    /// An idle HTTP/1.1 connection that is still usable, if one is pooled.
-    fn take_h1(&mut self, now: Instant) -> Option<Conn> {
-        while let Some((h1, since, uses)) = self.h1.pop() {
-            if h1.is_ready() && now.duration_since(since) < IDLE_TIMEOUT {
-                return Some(Conn::H1(h1, uses));
-            }
-        }
-        None
-    }
 }
 
 /// Dials in flight for a key whose connections are not shared. Without a bound, a burst of
@@ -116,6 +106,12 @@ impl Drop for DialSlot {
         self.0.dialing.fetch_sub(1, Ordering::AcqRel);
         self.0.freed.notify_one();
     }
+}
+
+/// What `Pool::dial_turn` waits on: the key's one dial at a time, or one of its parallel places.
+enum Wait {
+    Turn(Arc<tokio::sync::Mutex<LastDial>>),
+    Place(Arc<Parallel>),
 }
 
 /// What a request that found no pooled connection may do (`Pool::dial_turn`).
@@ -209,7 +205,13 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
             }
             return Some(conn);
         }
-        slot.take_h1(Instant::now())
+        let now = Instant::now();
+        while let Some((h1, since, uses)) = slot.h1.pop() {
+            if h1.is_ready() && now.duration_since(since) < IDLE_TIMEOUT {
+                return Some(Conn::H1(h1, uses));
+            }
+        }
+        None
     }
 
     /// Waits for the right to dial `key`: its turn when its connections may be shared, else
@@ -217,29 +219,51 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
     /// is taken instead.
     pub async fn dial_turn(&self, key: &K, max_uses: u32) -> Turn {
         let since = Instant::now();
-        let parallel = {
-            let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
-            let slot = map.entry(key.clone()).or_default();
-            match slot.unshared {
-                true => Ok(slot.parallel.clone()),
-                false => Err(slot.dialer.clone()),
-            }
+        match self.wait_for(key) {
+            Wait::Turn(dialer) => self.shared_turn(key, max_uses, dialer, since).await,
+            Wait::Place(parallel) => self.parallel_place(key, max_uses, parallel, since).await,
+        }
+    }
+
+    /// What a request for `key` waits on before dialling (the map's lock is not held then).
+    fn wait_for(&self, key: &K) -> Wait {
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = map.entry(key.clone()).or_default();
+        if slot.unshared {
+            Wait::Place(slot.parallel.clone())
+        } else {
+            Wait::Turn(slot.dialer.clone())
+        }
+    }
+
+    /// The key's one dial at a time: after the turn, the dial before it may have left a
+    /// shareable connection, or failed.
+    async fn shared_turn(
+        &self,
+        key: &K,
+        max_uses: u32,
+        dialer: Arc<tokio::sync::Mutex<LastDial>>,
+        since: Instant,
+    ) -> Turn {
+        let turn = DialTurn {
+            last: dialer.lock_owned().await,
+            since,
         };
-        let parallel = match parallel {
-            Ok(p) => p,
-            Err(dialer) => {
-                let turn = DialTurn {
-                    last: dialer.lock_owned().await,
-                    since,
-                };
-                // The dial before this turn may have left a shareable connection, or failed.
-                return match self.get(key, max_uses) {
-                    Some(c) => Turn::Pooled(c),
-                    None if turn.waited_for_a_failure() => Turn::WaitedForAFailure,
-                    None => Turn::Dial(DialRight::Turn(turn)),
-                };
-            }
-        };
+        match self.get(key, max_uses) {
+            Some(c) => Turn::Pooled(c),
+            None if turn.waited_for_a_failure() => Turn::WaitedForAFailure,
+            None => Turn::Dial(DialRight::Turn(turn)),
+        }
+    }
+
+    /// One of `PARALLEL_DIALS` places, or a connection handed back while waiting for one.
+    async fn parallel_place(
+        &self,
+        key: &K,
+        max_uses: u32,
+        parallel: Arc<Parallel>,
+        since: Instant,
+    ) -> Turn {
         loop {
             // Armed before looking, so a hand-back between the look and the wait is not lost.
             let freed = parallel.freed.notified();
@@ -249,7 +273,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
             if failed_at.is_some_and(|t| t >= since) {
                 return Turn::WaitedForAFailure;
             }
-            if let Some(c) = self.take_h1(key) {
+            if let Some(c) = self.get(key, max_uses) {
                 return Turn::Pooled(c);
             }
             let free_place =
@@ -263,11 +287,6 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
             }
             freed.await;
         }
-    }
-
-    fn take_h1(&self, key: &K) -> Option<Conn> {
-        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
-        map.get_mut(key)?.take_h1(Instant::now())
     }
 
     /// Records whether the connection just dialled for `key` serves other requests too.
