@@ -118,27 +118,16 @@ pub async fn connect(
             cfg.set_alpn_protos(alpn).map_err(ConnectError::Setup)?;
         }
         let sni = port.to_string();
-        let mut tcp = crate::sockets::ReadAhead::new(tcp);
-        // The Finished flight waits for the request, to leave in the same segment.
-        tcp.hold_handshake();
-        let mut tls = match tokio_boring::connect(cfg, &sni, tcp).await {
-            Ok(tls) => tls,
-            Err(e) => {
-                metrics::get().handshake("outbound", false);
-                client.sessions.forget(&key);
-                let err = ConnectError::Tls {
-                    addr,
-                    io: e.as_io_error().map(io::Error::kind),
-                    detail: e.to_string(),
-                };
-                // An alert BoringSSL wrote is still held: the server should learn why.
-                if let Some(mut tcp) = e.into_source_stream() {
-                    let _ = tokio::io::AsyncWriteExt::shutdown(&mut tcp).await;
-                }
-                return Err(err);
+        let tcp = crate::sockets::ReadAhead::new(tcp);
+        let tls = tokio_boring::connect(cfg, &sni, tcp).await.map_err(|e| {
+            metrics::get().handshake("outbound", false);
+            client.sessions.forget(&key);
+            ConnectError::Tls {
+                addr,
+                io: e.as_io_error().map(io::Error::kind),
+                detail: e.to_string(),
             }
-        };
-        tls.get_mut().handshake_done();
+        })?;
         metrics::get().handshake("outbound", true);
         let der = tls
             .ssl()
@@ -509,67 +498,6 @@ mod tests {
         assert_eq!(e.io_kind(), None);
     }
 
-    /// Data segments a socket has received so far (`TCP_INFO`).
-    fn data_segments_in(tcp: &tokio::net::TcpStream) -> u32 {
-        use std::os::fd::AsRawFd;
-        // SAFETY: `tcp_info` is plain data; the kernel fills at most `len` bytes of it.
-        let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
-        let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-        let r = unsafe {
-            libc::getsockopt(
-                tcp.as_raw_fd(),
-                libc::IPPROTO_TCP,
-                libc::TCP_INFO,
-                (&mut info as *mut libc::tcp_info).cast(),
-                &mut len,
-            )
-        };
-        assert_eq!(r, 0, "TCP_INFO: {}", io::Error::last_os_error());
-        info.tcpi_data_segs_in
-    }
-
-    #[tokio::test]
-    async fn the_finished_flight_leaves_in_the_segment_of_the_first_request() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let dir = tempfile::tempdir().unwrap();
-        let (client_id, server_id) = identities(dir.path());
-        let client = tls::connector(&client_id).unwrap();
-        let acceptor = tls::acceptor(&server_id, TD, 9090, ServerAlpn::Refuse).unwrap();
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let server = tokio::spawn(async move {
-            let (tcp, _) = listener.accept().await.unwrap();
-            let mut tls = tokio_boring::accept(&acceptor, tcp).await.unwrap();
-            let mut req = [0u8; 7];
-            tls.read_exact(&mut req).await.unwrap();
-            // The ClientHello, then the Finished and the request together.
-            let segments = data_segments_in(tls.get_ref());
-            tls.write_all(b"200").await.unwrap();
-            (req, segments)
-        });
-        let mut tls = connect(
-            &client,
-            addr,
-            9090,
-            None,
-            &pin("payments"),
-            Duration::from_secs(5),
-        )
-        .await
-        .unwrap();
-        tls.write_all(b"request").await.unwrap();
-        tls.flush().await.unwrap();
-        let mut answer = [0u8; 3];
-        tls.read_exact(&mut answer).await.unwrap();
-        assert_eq!(&answer, b"200");
-        let (req, segments) = server.await.unwrap();
-        assert_eq!(&req, b"request");
-        assert_eq!(
-            segments, 2,
-            "data segments from the client before its request was read"
-        );
-    }
-
     #[tokio::test]
     async fn a_server_that_speaks_first_completes_its_handshake_when_the_client_reads() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -581,7 +509,8 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move {
             let (tcp, _) = listener.accept().await.unwrap();
-            // Returns once the client's Finished is in.
+            // Returns once the client's Finished is in: a client that held it back for its
+            // first write would never send it here.
             let mut tls = tokio_boring::accept(&acceptor, tcp).await.unwrap();
             tls.write_all(b"220 ready").await.unwrap();
             tokio::time::sleep(Duration::from_secs(5)).await;

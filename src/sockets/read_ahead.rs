@@ -13,13 +13,6 @@
 //! nothing more to read), they leave as 64 KiB segments. HTTP connections write through: hyper
 //! flushes after every write anyway, so a batch would only add a copy.
 //!
-//! A client connection holds back the last flight of its handshake ([`ReadAhead::hold_handshake`]):
-//! the TLS 1.3 client's Finished is the last thing it sends before its first request, and sent at
-//! once it is a segment of its own, a `send` on this side and a wake-up and a `recv` on the
-//! server's. Held until the first write after the handshake, it leaves in the same `send` as the
-//! request (or the HTTP/2 preface). A connection that reads first (a server-speaks-first tunnel)
-//! sends it at its second read poll: the first one gives the task's write side its turn.
-//!
 //! The inbound listener also reads the ClientHello itself (to pick a chain by SNI) before
 //! BoringSSL exists; those bytes start the buffer, so the TLS stack sees them again.
 
@@ -66,23 +59,6 @@ pub struct ReadAhead<S> {
     inner: S,
     /// Writes waiting to go out together, `Some` once [`ReadAhead::batch_writes`] was asked.
     batch: Option<Batch>,
-    /// A client handshake's writes, held back ([`ReadAhead::hold_handshake`]); `None` once sent.
-    hold: Option<Hold>,
-}
-
-/// Handshake bytes not yet sent, and whether the handshake is still under way.
-#[derive(Debug)]
-struct Hold {
-    out: Batch,
-    finished: Finished,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Finished {
-    /// Flights go out when BoringSSL reads (it then waits for the peer), not at its flushes.
-    No,
-    /// The last flight waits for the first write; `probed` once a read has let it wait once.
-    Yes { probed: bool },
 }
 
 /// Sealed records gathered for one `send`; `out[sent..]` is still to go.
@@ -106,26 +82,6 @@ impl<S> ReadAhead<S> {
             buf: prefix,
             inner,
             batch: None,
-            hold: None,
-        }
-    }
-
-    /// For a client's TLS handshake, from its first byte: each flight is sent when BoringSSL
-    /// next reads instead of at its flush, so the last one is still here when the handshake
-    /// returns; [`ReadAhead::handshake_done`] then keeps it for the first write.
-    pub fn hold_handshake(&mut self) {
-        self.hold = Some(Hold {
-            out: Batch::default(),
-            finished: Finished::No,
-        });
-    }
-
-    /// The handshake completed: what it left unsent goes out with the first write, a flush or
-    /// a shutdown, or at the second read poll, whichever comes first.
-    pub fn handshake_done(&mut self) {
-        match self.hold.as_mut() {
-            Some(h) if !h.out.out.is_empty() => h.finished = Finished::Yes { probed: false },
-            _ => self.hold = None,
         }
     }
 
@@ -188,7 +144,7 @@ fn take_spare() -> BytesMut {
         .unwrap_or_default()
 }
 
-impl<S: ReadReady + AsyncWrite + Unpin> ReadReady for ReadAhead<S> {
+impl<S: ReadReady> ReadReady for ReadAhead<S> {
     fn has_buffered(&self) -> bool {
         !self.buf.is_empty()
     }
@@ -196,9 +152,6 @@ impl<S: ReadReady + AsyncWrite + Unpin> ReadReady for ReadAhead<S> {
     fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         if !self.buf.is_empty() {
             return Poll::Ready(Ok(()));
-        }
-        if self.hold.is_some() {
-            ready!(self.poll_send_held_to_read(cx))?;
         }
         let r = self.inner.poll_read_ready(cx);
         if r.is_pending() {
@@ -208,7 +161,7 @@ impl<S: ReadReady + AsyncWrite + Unpin> ReadReady for ReadAhead<S> {
     }
 }
 
-impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for ReadAhead<S> {
+impl<S: AsyncRead + Unpin> AsyncRead for ReadAhead<S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -216,9 +169,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for ReadAhead<S> {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         if this.buf.is_empty() {
-            if this.hold.is_some() {
-                ready!(this.poll_send_held_to_read(cx))?;
-            }
             // A read as large as the buffer gains nothing from it.
             if dst.remaining() >= READ_AHEAD {
                 let r = Pin::new(&mut this.inner).poll_read(cx, dst);
@@ -290,55 +240,6 @@ impl<S: AsyncWrite + Unpin> ReadAhead<S> {
             None => Poll::Ready(Ok(())),
         }
     }
-
-    /// Sends what the handshake holds, and stops holding once it is done.
-    fn poll_send_held(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let Some(h) = self.hold.as_mut() else {
-            return Poll::Ready(Ok(()));
-        };
-        ready!(h.out.poll_send(cx, &mut self.inner))?;
-        if h.finished != Finished::No {
-            self.hold = None;
-        }
-        Poll::Ready(Ok(()))
-    }
-
-    /// Before a read that may wait for the peer: the peer may be waiting for what is held.
-    /// After the handshake the first such read waits one turn instead (waking the task at
-    /// once), so that a request written in the same poll carries the held flight with it.
-    fn poll_send_held_to_read(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if let Some(h) = self.hold.as_mut() {
-            if h.finished == (Finished::Yes { probed: false }) {
-                h.finished = Finished::Yes { probed: true };
-                cx.waker().wake_by_ref();
-                return Poll::Pending;
-            }
-        }
-        self.poll_send_held(cx)
-    }
-
-    /// A write while holding: gathered with what is held; after the handshake, sent with it.
-    fn poll_write_held(&mut self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        let Some(h) = self.hold.as_mut() else {
-            return Poll::Ready(Ok(0));
-        };
-        if h.out.out.len() + buf.len() > WRITE_BATCH {
-            ready!(h.out.poll_send(cx, &mut self.inner))?;
-        }
-        if h.out.out.capacity() == 0 {
-            h.out.out = take_spare();
-            h.out.out.reserve(WRITE_BATCH);
-        }
-        h.out.out.extend_from_slice(buf);
-        if h.finished != Finished::No {
-            // Accepted either way; a send that could not finish is completed by the next
-            // write, flush or read.
-            if let Poll::Ready(Err(e)) = self.poll_send_held(cx) {
-                return Poll::Ready(Err(e));
-            }
-        }
-        Poll::Ready(Ok(buf.len()))
-    }
 }
 
 impl<S: AsyncWrite + Unpin> AsyncWrite for ReadAhead<S> {
@@ -348,9 +249,6 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for ReadAhead<S> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        if this.hold.is_some() {
-            return this.poll_write_held(cx, buf);
-        }
         let Some(b) = this.batch.as_mut() else {
             return Pin::new(&mut this.inner).poll_write(cx, buf);
         };
@@ -374,7 +272,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for ReadAhead<S> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        if this.batch.is_some() || this.hold.is_some() {
+        if this.batch.is_some() {
             let first = bufs
                 .iter()
                 .find(|b| !b.is_empty())
@@ -385,27 +283,17 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for ReadAhead<S> {
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.batch.is_none() && self.hold.is_none() && self.inner.is_write_vectored()
+        self.batch.is_none() && self.inner.is_write_vectored()
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        match this.hold.as_ref().map(|h| h.finished) {
-            // BoringSSL flushes after each flight; held, they go when it reads.
-            Some(Finished::No) => return Poll::Ready(Ok(())),
-            Some(Finished::Yes { .. }) => ready!(this.poll_send_held(cx))?,
-            None => {}
-        }
         ready!(this.poll_send_batch(cx))?;
         Pin::new(&mut this.inner).poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if let Some(h) = this.hold.as_mut() {
-            h.finished = Finished::Yes { probed: true };
-        }
-        ready!(this.poll_send_held(cx))?;
         ready!(this.poll_send_batch(cx))?;
         Pin::new(&mut this.inner).poll_shutdown(cx)
     }
@@ -425,7 +313,7 @@ pub(super) mod tests {
 
     #[tokio::test]
     async fn reads_yield_the_prefix_then_the_inner_stream() {
-        let inner = std::io::Cursor::new(b" world".to_vec());
+        let inner: &[u8] = b" world";
         let mut s = ReadAhead::with_prefix(BytesMut::from(&b"hello"[..]), inner);
         // A tiny read buffer: the prefix comes out in pieces, never mixed with inner bytes.
         let mut small = [0u8; 3];
@@ -440,12 +328,12 @@ pub(super) mod tests {
 
     #[tokio::test]
     async fn empty_prefix_reads_straight_from_inner() {
-        let inner = std::io::Cursor::new(b"abc".to_vec());
+        let inner: &[u8] = b"abc";
         let mut s = ReadAhead::new(inner);
         let mut all = Vec::new();
         s.read_to_end(&mut all).await.unwrap();
         assert_eq!(all, b"abc");
-        assert_eq!(s.get_ref().position(), 3);
+        assert!(s.get_ref().is_empty());
     }
 
     #[tokio::test]
