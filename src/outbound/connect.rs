@@ -353,6 +353,29 @@ mod tests {
         }
     }
 
+    /// A connection to the payments server at `addr` on port 9090, which must succeed.
+    async fn connect_ok(client: &Client, addr: SocketAddr) -> UpstreamTls {
+        connect(
+            client,
+            addr,
+            9090,
+            None,
+            &pin("payments"),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap()
+    }
+
+    /// A listener on a free loopback port, and the mesh server context `id` answers it with
+    /// for port 9090.
+    async fn mesh_server(id: &Identity) -> (boring::ssl::SslAcceptor, TcpListener, SocketAddr) {
+        let acceptor = tls::acceptor(id, TD, 9090, ServerAlpn::Refuse).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        (acceptor, listener, addr)
+    }
+
     /// The key shares of each ClientHello a test server receives, by group id.
     type Seen = std::sync::Arc<std::sync::Mutex<Vec<Vec<u16>>>>;
 
@@ -418,16 +441,7 @@ mod tests {
                     tls
                 },
                 async {
-                    let mut tls = connect(
-                        &client,
-                        addr,
-                        9090,
-                        None,
-                        &pin("payments"),
-                        Duration::from_secs(5),
-                    )
-                    .await
-                    .unwrap();
+                    let mut tls = connect_ok(&client, addr).await;
                     // The session ticket arrives before the server's byte.
                     tls.read_exact(&mut [0u8; 1]).await.unwrap();
                     assert_eq!(tls.ssl().session_reused(), resumed, "step {i}");
@@ -478,9 +492,7 @@ mod tests {
         assert_eq!(e.reason(), Reason::UpstreamConnectFailure);
 
         // A real server proving payments, pinned as orders: the identity step.
-        let acceptor = tls::acceptor(&server_id, TD, 9090, ServerAlpn::Refuse).unwrap();
-        let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = server.local_addr().unwrap();
+        let (acceptor, server, addr) = mesh_server(&server_id).await;
         tokio::spawn(async move {
             let (tcp, _) = server.accept().await.unwrap();
             let _tls = tokio_boring::accept(&acceptor, tcp).await;
@@ -504,9 +516,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (client_id, server_id) = identities(dir.path());
         let client = tls::connector(&client_id).unwrap();
-        let acceptor = tls::acceptor(&server_id, TD, 9090, ServerAlpn::Refuse).unwrap();
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
+        let (acceptor, listener, addr) = mesh_server(&server_id).await;
         tokio::spawn(async move {
             let (tcp, _) = listener.accept().await.unwrap();
             // Returns once the client's Finished is in: a client that held it back for its
@@ -515,16 +525,7 @@ mod tests {
             tls.write_all(b"220 ready").await.unwrap();
             tokio::time::sleep(Duration::from_secs(5)).await;
         });
-        let mut tls = connect(
-            &client,
-            addr,
-            9090,
-            None,
-            &pin("payments"),
-            Duration::from_secs(5),
-        )
-        .await
-        .unwrap();
+        let mut tls = connect_ok(&client, addr).await;
         let mut greeting = [0u8; 9];
         tokio::time::timeout(Duration::from_secs(3), tls.read_exact(&mut greeting))
             .await
@@ -540,9 +541,7 @@ mod tests {
         // The same names under another CA: the client does not trust this server's chain.
         let (_, server_id) = identities(two.path());
         let client = tls::connector(&client_id).unwrap();
-        let acceptor = tls::acceptor(&server_id, TD, 9090, ServerAlpn::Refuse).unwrap();
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
+        let (acceptor, listener, addr) = mesh_server(&server_id).await;
         let server = tokio::spawn(async move {
             let (tcp, _) = listener.accept().await.unwrap();
             match tokio_boring::accept(&acceptor, tcp).await {
