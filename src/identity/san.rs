@@ -4,6 +4,9 @@
 //! SPIFFE id (SPEC section 8, the X509-SVID rule). Any other URI, or a second one, refuses the
 //! leaf on both sides: the inbound verify callback and the outbound pin use the same reading.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
+
 use x509_parser::extensions::GeneralName;
 
 use super::spiffe::SpiffeId;
@@ -63,9 +66,40 @@ pub fn leaf_id(der: &[u8]) -> Result<SpiffeId, LeafIdError> {
     }
 }
 
+/// Identities a thread has read lately, by their leaf's SHA-256.
+const REMEMBERED_LEAVES: usize = 256;
+
+/// A peer leaf as the data path needs it: its SHA-256 (XFCC's `Hash=`) and [`leaf_id`]. Every
+/// connection to or from a peer brings one of a few leaves again (resumed handshakes
+/// included), and x509-parser reads a whole certificate to find its SAN, several times what
+/// the digest costs; so each thread remembers the identities it read, by digest (a leaf that
+/// proves none is read again each time). The digest names the DER exactly, so what is
+/// remembered is what reading it again would give.
+pub fn read_leaf(der: &[u8]) -> ([u8; 32], Result<SpiffeId, LeafIdError>) {
+    thread_local! {
+        static SEEN: RefCell<HashMap<[u8; 32], SpiffeId>> = RefCell::new(HashMap::new());
+    }
+    let digest = boring::sha::sha256(der);
+    if let Some(id) = SEEN.with_borrow(|m| m.get(&digest).cloned()) {
+        return (digest, Ok(id));
+    }
+    let id = leaf_id(der);
+    if let Ok(id) = &id {
+        SEEN.with_borrow_mut(|m| {
+            // Bounded by forgetting all at once: the leaves in use come back at their next
+            // connection, and certificates rotate, so old digests would otherwise pile up.
+            if m.len() >= REMEMBERED_LEAVES {
+                m.clear();
+            }
+            m.insert(digest, id.clone());
+        });
+    }
+    (digest, id)
+}
+
 /// [`leaf_id`], inside `trust_domain`.
 pub fn leaf_id_in(der: &[u8], trust_domain: &str) -> Result<SpiffeId, LeafIdError> {
-    let id = leaf_id(der)?;
+    let id = read_leaf(der).1?;
     if id.trust_domain() != trust_domain {
         return Err(LeafIdError::OtherTrustDomain {
             id,
@@ -82,10 +116,44 @@ pub fn spiffe_id_in(der: &[u8], trust_domain: &str) -> Option<SpiffeId> {
 
 /// The identity pin: the leaf proves exactly one SPIFFE id, and it is `expected`.
 pub fn is_pinned(der: &[u8], expected: &SpiffeId) -> bool {
-    leaf_id(der).is_ok_and(|id| id == *expected)
+    read_leaf(der).1.is_ok_and(|id| id == *expected)
 }
 
-/// Lower-case hex SHA-256 of a DER certificate (the `Hash=` of x-forwarded-client-cert).
-pub fn der_sha256_hex(der: &[u8]) -> String {
-    hex::encode(boring::sha::sha256(der))
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::certgen::{self, Workload};
+
+    /// Leaves read again come back with their own identity and digest, never another leaf's,
+    /// also after the thread has forgotten what it read once its memory was full; a leaf
+    /// outside the trust domain stays refused however often it is read.
+    #[test]
+    fn a_remembered_leaf_is_the_leaf_read_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let names: Vec<String> = (0..REMEMBERED_LEAVES + 40)
+            .map(|i| format!("default/w{i}"))
+            .collect();
+        let ws: Vec<Workload> = names.iter().map(|n| Workload::parse(n).unwrap()).collect();
+        certgen::generate(dir.path(), "aether.local", &ws).unwrap();
+        let leaves: Vec<Vec<u8>> = (0..names.len())
+            .map(|i| {
+                let pem = std::fs::read(dir.path().join(format!("w{i}.crt"))).unwrap();
+                boring::x509::X509::from_pem(&pem)
+                    .unwrap()
+                    .to_der()
+                    .unwrap()
+            })
+            .collect();
+        let want = |d: &[u8]| (boring::sha::sha256(d), leaf_id(d).unwrap());
+        for round in 0..2 {
+            for (i, d) in leaves.iter().enumerate() {
+                let (digest, id) = read_leaf(d);
+                assert_eq!((digest, id.unwrap()), want(d), "round {round}, leaf {i}");
+                assert!(leaf_id_in(d, "other.local").is_err());
+            }
+        }
+        assert!(is_pinned(&leaves[1], &leaf_id(&leaves[1]).unwrap()));
+        assert!(!is_pinned(&leaves[1], &leaf_id(&leaves[0]).unwrap()));
+        read_leaf(b"not a certificate").1.unwrap_err();
+    }
 }

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use boring::ex_data::Index;
 use boring::ssl::{
     AlpnError, ConnectConfiguration, Ssl, SslAcceptor, SslConnector, SslContextBuilder, SslMethod,
-    SslSession, SslSessionCacheMode, SslVerifyMode, SslVersion,
+    SslRef, SslSession, SslSessionCacheMode, SslVerifyMode, SslVersion,
 };
 use boring::x509::store::X509StoreBuilder;
 
@@ -47,6 +47,35 @@ fn common(b: &mut SslContextBuilder, id: &Identity) -> Result<(), IdentityError>
     }
     b.set_cert_store(store.build());
     Ok(())
+}
+
+/// The DER of the peer's leaf as the handshake (or the resumed session) holds it, borrowed
+/// from the connection: no `X509` object is made for it and nothing is copied.
+pub fn peer_leaf_der(ssl: &SslRef) -> Option<&[u8]> {
+    peer_der(ssl, 0)
+}
+
+/// The DER of the `i`th certificate the peer sent, the leaf first.
+fn peer_der(ssl: &SslRef, i: usize) -> Option<&[u8]> {
+    use foreign_types::ForeignTypeRef;
+    // SAFETY: `ssl` is a live SSL. The stack and its buffers belong to its session, which
+    // lives as long as the connection, and so as long as the borrow of `ssl`.
+    unsafe {
+        let chain = boring_sys::SSL_get0_peer_certificates(ssl.as_ptr());
+        if chain.is_null() || i >= boring_sys::OPENSSL_sk_num(chain.cast()) {
+            return None;
+        }
+        let cert =
+            boring_sys::OPENSSL_sk_value(chain.cast(), i) as *const boring_sys::CRYPTO_BUFFER;
+        let (data, len) = (
+            boring_sys::CRYPTO_BUFFER_data(cert),
+            boring_sys::CRYPTO_BUFFER_len(cert),
+        );
+        if data.is_null() {
+            return None;
+        }
+        Some(std::slice::from_raw_parts(data, len))
+    }
 }
 
 /// Which ALPN protocol a server context agrees to.

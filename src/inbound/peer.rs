@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 
 use tokio::net::TcpStream;
 
-use crate::identity::{san, SpiffeId};
+use crate::identity::{san, tls, SpiffeId};
 
 /// The inbound TLS stream: the ClientHello bytes replayed, then the socket, read ahead.
 pub type TlsStream = crate::sockets::Tls<crate::sockets::ReadAhead<TcpStream>>;
@@ -21,12 +21,13 @@ impl Peer {
     /// The peer of an established connection; `None` without a leaf carrying one SPIFFE id of
     /// `trust_domain` (which the verify callback already insisted on).
     pub fn of(tls: &TlsStream, addr: SocketAddr, trust_domain: &str) -> Option<Peer> {
-        let der = tls.ssl().peer_certificate()?.to_der().ok()?;
-        let spiffe_id = san::spiffe_id_in(&der, trust_domain)?;
+        let der = tls::peer_leaf_der(tls.ssl())?;
+        let (digest, id) = san::read_leaf(der);
+        let spiffe_id = id.ok().filter(|id| id.trust_domain() == trust_domain)?;
         Some(Peer {
             addr,
             spiffe_id,
-            cert_hash: san::der_sha256_hex(&der),
+            cert_hash: hex::encode(digest),
         })
     }
 }

@@ -129,18 +129,14 @@ pub async fn connect(
             }
         })?;
         metrics::get().handshake("outbound", true);
-        let der = tls
-            .ssl()
-            .peer_certificate()
-            .and_then(|c| c.to_der().ok())
-            .unwrap_or_default();
-        if !san::is_pinned(&der, identity) {
+        let der = tls::peer_leaf_der(tls.ssl()).unwrap_or_default();
+        if !san::is_pinned(der, identity) {
             client.sessions.forget(&key);
             metrics::get().identity_refused("outbound");
             return Err(ConnectError::Identity {
                 addr,
                 expected: identity.clone(),
-                got: san::uri_sans(&der),
+                got: san::uri_sans(der),
             });
         }
         Ok(crate::sockets::Tls::new(tls))
