@@ -50,7 +50,7 @@ fn uris_of(cert: &x509_parser::certificate::X509Certificate<'_>) -> Vec<String> 
 
 /// The one SPIFFE id a leaf proves: exactly one URI SAN, strictly shaped. DNS and other SAN
 /// kinds may sit beside it (the X509-SVID rule allows them); they identify nothing here.
-/// Runs on every handshake, resumed ones included, so the certificate is parsed once.
+/// The certificate is parsed once here; the data path asks [`read_leaf`], which remembers.
 pub fn leaf_id(der: &[u8]) -> Result<SpiffeId, LeafIdError> {
     let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else {
         return Err(LeafIdError::Unreadable);

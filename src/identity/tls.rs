@@ -593,19 +593,19 @@ mod tests {
             .unwrap()
     }
 
+    /// The acceptor of a pod whose identity `bundle` signed.
+    fn mesh_server(bundle: &Ca) -> SslAcceptor {
+        let (crt, key) = leaf(bundle, SERVER_ID, in_a_year());
+        let id = identity(&crt, &key, bundle, TD);
+        acceptor(&id, TD, 9090, ServerAlpn::Refuse).unwrap()
+    }
+
     /// The server reads the client's leaf on full and resumed handshakes alike, and takes a
     /// leaf that chains to the bundle through an intermediate the client sends with it.
     #[tokio::test]
     async fn the_acceptor_reads_the_client_leaf_on_full_and_resumed_handshakes() {
         let bundle = root("mesh root");
-        let (crt, key) = leaf(&bundle, SERVER_ID, in_a_year());
-        let server = acceptor(
-            &identity(&crt, &key, &bundle, TD),
-            TD,
-            9090,
-            ServerAlpn::Refuse,
-        )
-        .unwrap();
+        let server = mesh_server(&bundle);
 
         let (crt, key) = leaf(&bundle, CLIENT_ID, in_a_year());
         let direct = connector(&identity(&crt, &key, &bundle, TD)).unwrap();
@@ -632,14 +632,7 @@ mod tests {
     #[tokio::test]
     async fn the_acceptor_refuses_each_bad_client_leaf_with_its_alert() {
         let bundle = root("mesh root");
-        let (crt, key) = leaf(&bundle, SERVER_ID, in_a_year());
-        let server = acceptor(
-            &identity(&crt, &key, &bundle, TD),
-            TD,
-            9090,
-            ServerAlpn::Refuse,
-        )
-        .unwrap();
+        let server = mesh_server(&bundle);
 
         let stranger = root("another root");
         let mid = intermediate(&bundle, "mesh intermediate");
