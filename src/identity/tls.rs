@@ -15,6 +15,7 @@ use boring::ssl::{
     SslMethod, SslRef, SslSession, SslSessionCacheMode, SslVerifyError, SslVerifyMode, SslVersion,
 };
 use boring::x509::store::{X509Store, X509StoreBuilder};
+use boring::x509::X509;
 
 use super::san;
 use super::workload::{Identity, IdentityError};
@@ -39,10 +40,10 @@ fn common(b: &mut SslContextBuilder) -> Result<(), IdentityError> {
     Ok(())
 }
 
-/// The trust bundle as a verifier's store.
-fn bundle(id: &Identity) -> Result<X509Store, IdentityError> {
+/// The trust bundle (`Identity::ca`) as a verifier's store.
+fn bundle(cas: &[X509]) -> Result<X509Store, IdentityError> {
     let mut store = X509StoreBuilder::new().map_err(IdentityError::tls("store"))?;
-    for ca in &id.ca {
+    for ca in cas {
         store
             .add_cert(ca.clone())
             .map_err(IdentityError::tls("trust bundle"))?;
@@ -111,7 +112,7 @@ pub fn acceptor(
         SslAcceptor::mozilla_intermediate_v5(method).map_err(IdentityError::tls("acceptor"))?;
     common(&mut b)?;
     own_chain_as_buffers(&mut b, id)?;
-    let (bundle, td) = (bundle(id)?, trust_domain.to_string());
+    let (bundle, td) = (bundle(&id.ca)?, trust_domain.to_string());
     b.set_custom_verify_callback(
         SslVerifyMode::PEER | SslVerifyMode::FAIL_IF_NO_PEER_CERT,
         move |ssl| verify_client(ssl, &bundle, &td),
@@ -175,7 +176,7 @@ fn verify_client(
     trust_domain: &str,
 ) -> Result<(), SslVerifyError> {
     use boring::stack::Stack;
-    use boring::x509::{X509StoreContext, X509};
+    use boring::x509::X509StoreContext;
     let refuse = |alert| Err(SslVerifyError::Invalid(alert));
     let Some(leaf_der) = peer_leaf_der(ssl) else {
         return refuse(SslAlert::CERTIFICATE_REQUIRED);
@@ -394,7 +395,7 @@ pub fn connector(id: &Identity) -> Result<Client, IdentityError> {
     }
     b.set_private_key(&id.key).map_err(e("key"))?;
     b.check_private_key().map_err(e("key"))?;
-    b.set_cert_store(bundle(id)?);
+    b.set_cert_store(bundle(&id.ca)?);
     b.set_verify(SslVerifyMode::PEER);
     let sessions = Arc::new(Sessions::default());
     b.set_session_cache_mode(SslSessionCacheMode::CLIENT);
@@ -587,10 +588,7 @@ mod tests {
     }
 
     fn der_of(pem: &str) -> Vec<u8> {
-        boring::x509::X509::from_pem(pem.as_bytes())
-            .unwrap()
-            .to_der()
-            .unwrap()
+        X509::from_pem(pem.as_bytes()).unwrap().to_der().unwrap()
     }
 
     /// The acceptor of a pod whose identity `bundle` signed.
@@ -674,11 +672,8 @@ mod tests {
 
         // No certificate: a client context with the bundle and nothing to prove.
         let mut b = SslConnector::builder(SslMethod::tls()).unwrap();
-        let mut store = X509StoreBuilder::new().unwrap();
-        store
-            .add_cert(boring::x509::X509::from_pem(bundle.pem.as_bytes()).unwrap())
-            .unwrap();
-        b.set_cert_store(store.build());
+        let ca = X509::from_pem(bundle.pem.as_bytes()).unwrap();
+        b.set_cert_store(super::bundle(&[ca]).unwrap());
         let bare = Client {
             ctx: b.build(),
             sessions: Arc::new(Sessions::default()),
