@@ -11,6 +11,7 @@ mod common;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use common::inbound::series_or_zero;
 use common::mesh::*;
 use common::*;
 use http::StatusCode;
@@ -248,6 +249,39 @@ async fn xfcc_is_stripped_and_request_id_kept() {
     assert_eq!(ids.len(), 1, "{ids:?}");
     assert!(uuid::Uuid::parse_str(&ids[0]).is_ok(), "{ids:?}");
     assert_eq!(m.app.seen().len(), 3);
+}
+
+/// Every request on its own upstream connection (`max_requests_per_connection: 1`). After the
+/// first, the client proxy offers the session it kept and the connection resumes (that much is
+/// pinned in `identity::store` and `outbound::connect`); a resumed connection brings the
+/// client's leaf only as the server side's session restored it from the ticket. XFCC must
+/// name the client exactly on each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xfcc_names_the_client_on_every_new_upstream_connection() {
+    let m = OnePodMesh::start_with(OnePodExtras {
+        service: "    max_requests_per_connection: 1\n",
+        ..Default::default()
+    })
+    .await;
+    let want = expected_xfcc(&m.certs, PAYMENTS, "frontend", FRONTEND);
+    let handshakes = r#"aether_tls_handshakes_total{listener="inbound",result="ok"}"#;
+    let before = series_or_zero(&m.server, handshakes).await;
+    for i in 0..5 {
+        let r = get_h1(m.outbound(), SVC, &format!("/conn-{i}")).await;
+        assert_app_ok(&r, 8080, "a request on a new upstream connection");
+        assert_eq!(
+            echoed_header(&r, "x-forwarded-client-cert"),
+            vec![want.clone()],
+            "request {i}"
+        );
+    }
+    let after = series_or_zero(&m.server, handshakes).await;
+    assert!(after - before >= 5, "server handshakes {before} -> {after}");
+    // One session kept for the endpoint, the one each connection after the first offered.
+    assert_eq!(
+        series_or_zero(&m.client, "aether_tls_client_sessions").await,
+        1
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
