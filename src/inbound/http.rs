@@ -58,14 +58,14 @@ impl HttpChains {
         });
         let drain = self.drain.clone();
         let requests = Arc::new(ConnRequests::default());
+        // The request's own future is the service's: no block around it, which would hold
+        // it whole and copy it in on its first poll (KiBs a request).
         let request = {
             let this = self.clone();
             let requests = requests.clone();
             move |req| {
                 let open = requests.start();
-                let this = this.clone();
-                let conn = conn.clone();
-                async move { Ok::<_, Infallible>(this.request(req, &conn, open).await) }
+                this.clone().request(req, conn.clone(), open)
             }
         };
         let wire = match codec {
@@ -88,8 +88,9 @@ impl HttpChains {
             Codec::H2 => {
                 // Boxed on HTTP/2 only: hyper spawns each stream's future (about 4 KiB) as a task
                 // and moves it several times on the way; a box moves as one pointer. HTTP/1.1
-                // polls it in place, where a box would only add an allocation.
-                let svc = service_fn(move |req| Box::pin(request(req)));
+                // polls it in place, where a box would only add an allocation. Built in its
+                // box (`memory::box_future`), it is not copied there either.
+                let svc = service_fn(move |req| crate::memory::box_future(|| request(req)));
                 // The connection's state is boxed too: it stays out of the HTTP/1.1
                 // connection's future, which is moved whole into its task.
                 Box::pin(async {
@@ -118,11 +119,12 @@ struct ConnCtx {
 
 impl HttpChains {
     async fn request(
-        &self,
+        self: Arc<Self>,
         mut req: Request<Incoming>,
-        conn: &ConnCtx,
+        conn: Arc<ConnCtx>,
         open: RequestOpen,
-    ) -> Response<RespBody> {
+    ) -> Result<Response<RespBody>, Infallible> {
+        let conn = &*conn;
         // Limits apply to what the client sent, before this proxy adds anything.
         let oversized = headers::too_large(req.headers());
         headers::drop_underscored_counted(req.headers_mut(), Direction::inbound);
@@ -186,10 +188,11 @@ impl HttpChains {
             peer: None,
         };
         let held = (stream, open.map(RequestOpen::answered));
-        accesslog::finish_with(resp, log, decided, held).map(|b| {
+        let resp = accesslog::finish_with(resp, log, decided, held).map(|b| {
             b.guarded("inbound", activity)
                 .idle_timeout(timers.stream_idle)
-        })
+        });
+        Ok(resp)
     }
 
     async fn forward(
@@ -228,9 +231,9 @@ impl HttpChains {
                 return Err(Reason::UpgradeNotSupported);
             }
             headers::retarget(&mut req, false, authority)?;
-            return self
-                .upgrade(req, port, authority, &conn.peer.spiffe_id, open)
-                .await;
+            // Boxed: the rare path's future stays out of every request's.
+            let up = self.upgrade(req, port, authority, &conn.peer.spiffe_id, open);
+            return Box::pin(up).await;
         }
         headers::retarget(&mut req, to_h2, authority)?;
         let key = (port, to_h2);

@@ -76,7 +76,40 @@ struct Outcome {
     admitted: Option<Admitted>,
 }
 
+/// Where `route` left a request: answered, or to be forwarded to `cluster`.
+enum Routed {
+    Answered(Outcome),
+    Forward(Request<ReqBody>, Arc<Cluster>, Admitted),
+}
+
 impl Outcome {
+    /// The outcome of a forwarded request.
+    fn forwarded(sent: Result<(Response<UpBody>, InFlight), Reason>) -> Outcome {
+        match sent {
+            Ok((resp, inflight)) => Outcome {
+                resp: resp.map(Either::Left),
+                reason: None,
+                upstream: Some(inflight.active.0.address),
+                service: None,
+                port: 0,
+                peer: None,
+                inflight: Some(inflight),
+                admitted: None,
+            },
+            Err(r) => Outcome::error(r),
+        }
+    }
+
+    /// Names the cluster a request was routed to, and its identity once an upstream was used.
+    fn routed_to(mut self, cluster: &Cluster) -> Outcome {
+        self.service = Some(cluster.service.name.clone());
+        self.port = cluster.port;
+        if self.upstream.is_some() {
+            self.peer = Some(cluster.service.identity.clone());
+        }
+        self
+    }
+
     fn error(reason: Reason) -> Outcome {
         Outcome {
             resp: reason.response(),
@@ -219,14 +252,15 @@ impl Outbound {
     ) {
         let drain = self.drain.clone();
         let requests = Arc::new(ConnRequests::default());
-        let svc = {
+        // The request's own future is the service's: no block around it, which would hold
+        // it whole and copy it in on its first poll (KiBs a request).
+        let request = {
             let this = self.clone();
             let requests = requests.clone();
-            service_fn(move |req| {
+            move |req| {
                 let open = requests.start();
-                let this = this.clone();
-                async move { Ok::<_, Infallible>(this.request(req, src, captured_port, open).await) }
-            })
+                this.clone().request(req, src, captured_port, open)
+            }
         };
         let tcp = FinTcp::new(tcp, requests.fin());
         let mut timed = Timed::new(tcp, requests.clone(), "outbound", Wire::Sniff);
@@ -240,12 +274,17 @@ impl Outbound {
         let s = &self.servers;
         let r = match codec {
             Codec::H1 => {
-                let conn = s.h1.serve_connection(io, svc).with_upgrades();
+                let conn =
+                    s.h1.serve_connection(io, service_fn(request))
+                        .with_upgrades();
                 serve_until_drained!(conn, drain, requests, "outbound")
             }
             // Boxed: the HTTP/2 connection's state stays out of the (more common) HTTP/1.1
             // connection's future, which is moved whole into its task.
             Codec::H2 => {
+                // Each stream's future is built in its box (`memory::box_future`): hyper
+                // spawns it as a task, and unboxed it was copied whole on the way (KiBs).
+                let svc = service_fn(move |req| crate::memory::box_future(|| request(req)));
                 Box::pin(async {
                     serve_until_drained!(
                         s.h2.serve_connection(io, svc),
@@ -263,12 +302,12 @@ impl Outbound {
     }
 
     async fn request(
-        self: &Arc<Self>,
+        self: Arc<Self>,
         mut req: Request<Incoming>,
         src: IpAddr,
         captured_port: u16,
         open: RequestOpen,
-    ) -> Response<RespBody> {
+    ) -> Result<Response<RespBody>, Infallible> {
         // Limits apply to what the app sent, before this proxy adds or removes anything.
         let oversized = headers::too_large(req.headers());
         headers::drop_underscored_counted(req.headers_mut(), Direction::outbound);
@@ -305,8 +344,23 @@ impl Outbound {
         let mut out = if oversized {
             Outcome::error(Reason::HeadersTooLarge)
         } else {
-            self.route(req, &log.authority, src, captured_port, &mut open)
+            match self
+                .route(req, &log.authority, src, captured_port, &mut open)
                 .await
+            {
+                Routed::Answered(out) => out,
+                // Awaited here rather than inside `route`: a future is copied whole into the
+                // one awaiting it, and each level between this one and the exchange copied
+                // the exchange's state again (about 4 KiB a request over three levels).
+                Routed::Forward(req, cluster, admitted) => {
+                    let locality = self.locality.as_ref();
+                    let up = &self.upstream;
+                    let sent = forward::forward(up, locality, req, &cluster, &log.authority, src);
+                    let mut out = Outcome::forwarded(sent.await);
+                    out.admitted = Some(admitted);
+                    out.routed_to(&cluster)
+                }
+            }
         };
         if wants_trailers {
             headers::declare_grpc_trailers(out.resp.headers_mut());
@@ -325,16 +379,18 @@ impl Outbound {
             peer: out.peer,
         };
         let stream_idle = crate::http::limits::timers().stream_idle;
-        accesslog::finish_with(
+        let resp = accesslog::finish_with(
             out.resp,
             log,
             decided,
             (out.inflight, out.admitted, open.map(RequestOpen::answered)),
         )
-        .map(|b| b.guarded("outbound", activity).idle_timeout(stream_idle))
+        .map(|b| b.guarded("outbound", activity).idle_timeout(stream_idle));
+        Ok(resp)
     }
 
-    /// The addressing table (SPEC section 1): authority -> cluster, then HTTP or tunnel.
+    /// The addressing table (SPEC section 1): authority -> cluster, then HTTP or tunnel. An
+    /// HTTP request for a cluster is handed back to be forwarded (`Routed::Forward`).
     async fn route(
         self: &Arc<Self>,
         req: Request<ReqBody>,
@@ -342,10 +398,11 @@ impl Outbound {
         src: IpAddr,
         captured_port: u16,
         open: &mut Option<RequestOpen>,
-    ) -> Outcome {
+    ) -> Routed {
+        let answered = |out| Routed::Answered(out);
         let mut auth = match route::parse_authority(authority, &self.mesh_domain) {
             Ok(a) => a,
-            Err(r) => return Outcome::error(r),
+            Err(r) => return answered(Outcome::error(r)),
         };
         if captured_port != 0 && auth.port.is_none() {
             self.port_from_destination(&mut auth, captured_port);
@@ -359,18 +416,15 @@ impl Outbound {
                 if r == Reason::PortNotExposed {
                     out.service = Some(auth.service.to_string());
                 }
-                return out;
+                return answered(out);
             }
         };
         let Some(admitted) = cluster.admit() else {
-            let mut out = Outcome::error(Reason::Overflow);
-            out.service = Some(cluster.service.name.clone());
-            out.port = cluster.port;
-            return out;
+            return answered(Outcome::error(Reason::Overflow).routed_to(&cluster));
         };
         let is_connect = req.method() == Method::CONNECT;
         let upgrade_to = headers::upgrade_of(&req);
-        let mut out = match (is_connect, protocol, upgrade_to) {
+        let out = match (is_connect, protocol, upgrade_to) {
             (true, PortProtocol::Http, _) => Outcome::error(Reason::NotATcpPort),
             (false, PortProtocol::Tcp, _) => Outcome::error(Reason::NotAnHttpPort),
             (true, PortProtocol::Tcp, _) => {
@@ -383,19 +437,10 @@ impl Outbound {
                 Box::pin(up).await
             }
             (false, PortProtocol::Http, None) => {
-                // Not boxed: its large part, the exchange, is boxed where it is built
-                // (`forward::forward`).
-                let mut out = self.forward(req, &cluster, authority, src).await;
-                out.admitted = Some(admitted);
-                out
+                return Routed::Forward(req, cluster, admitted);
             }
         };
-        out.service = Some(cluster.service.name.clone());
-        out.port = cluster.port;
-        if out.upstream.is_some() {
-            out.peer = Some(cluster.service.identity.clone());
-        }
-        out
+        answered(out.routed_to(&cluster))
     }
 
     /// A captured request with a portless Host goes to the port the app dialled when the
@@ -471,29 +516,6 @@ impl Outbound {
                 Ok(Ok(())) => continue,
                 _ => return Err(Reason::DiscoveryTimeout),
             }
-        }
-    }
-
-    async fn forward(
-        &self,
-        req: Request<ReqBody>,
-        cluster: &Cluster,
-        authority: &str,
-        src: IpAddr,
-    ) -> Outcome {
-        let locality = self.locality.as_ref();
-        match forward::forward(&self.upstream, locality, req, cluster, authority, src).await {
-            Ok((resp, inflight)) => Outcome {
-                resp: resp.map(Either::Left),
-                reason: None,
-                upstream: Some(inflight.active.0.address),
-                service: None,
-                port: 0,
-                peer: None,
-                inflight: Some(inflight),
-                admitted: None,
-            },
-            Err(r) => Outcome::error(r),
         }
     }
 
