@@ -399,10 +399,9 @@ impl Outbound {
         captured_port: u16,
         open: &mut Option<RequestOpen>,
     ) -> Routed {
-        let answered = |out| Routed::Answered(out);
         let mut auth = match route::parse_authority(authority, &self.mesh_domain) {
             Ok(a) => a,
-            Err(r) => return answered(Outcome::error(r)),
+            Err(r) => return Routed::Answered(Outcome::error(r)),
         };
         if captured_port != 0 && auth.port.is_none() {
             self.port_from_destination(&mut auth, captured_port);
@@ -416,11 +415,11 @@ impl Outbound {
                 if r == Reason::PortNotExposed {
                     out.service = Some(auth.service.to_string());
                 }
-                return answered(out);
+                return Routed::Answered(out);
             }
         };
         let Some(admitted) = cluster.admit() else {
-            return answered(Outcome::error(Reason::Overflow).routed_to(&cluster));
+            return Routed::Answered(Outcome::error(Reason::Overflow).routed_to(&cluster));
         };
         let is_connect = req.method() == Method::CONNECT;
         let upgrade_to = headers::upgrade_of(&req);
@@ -440,7 +439,7 @@ impl Outbound {
                 return Routed::Forward(req, cluster, admitted);
             }
         };
-        answered(out.routed_to(&cluster))
+        Routed::Answered(out.routed_to(&cluster))
     }
 
     /// A captured request with a portless Host goes to the port the app dialled when the
