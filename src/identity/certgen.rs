@@ -195,22 +195,13 @@ fn generate_report(
 
     for (w, stem) in workloads.iter().zip(&stems) {
         let key = new_key()?;
-        let mut params = CertificateParams::default();
-        params.distinguished_name = common_name(&w.service_account);
         let uri = w.spiffe_id(trust_domain);
         let uri = uri
             .clone()
             .try_into()
             .map_err(|e| format!("SPIFFE ID {uri:?}: {e}"))?;
-        params.subject_alt_names = vec![SanType::URI(uri)];
-        params.is_ca = IsCa::ExplicitNoCa;
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        // AKI lets verifiers (and `openssl verify -x509_strict`) link the leaf to its CA.
-        params.use_authority_key_identifier_extension = true;
+        let mut params = leaf_params(vec![SanType::URI(uri)]);
+        params.distinguished_name = common_name(&w.service_account);
         params.serial_number = Some(random_serial()?);
         params.not_before = now - BACKDATE;
         // A leaf must not outlive a reused CA.
@@ -338,6 +329,23 @@ fn load_ca(out: &Path, now: OffsetDateTime) -> Result<Option<Ca>, String> {
         not_after,
         reused_cn: Some(cn),
     }))
+}
+
+/// A workload leaf as the mesh issues it: `sans` (its SPIFFE id), not a CA, for signatures,
+/// for both server and client authentication, and linked to its CA by AKI, which verifiers
+/// (and `openssl verify -x509_strict`) use to find the issuer. Name, serial and validity are the
+/// caller's. The tests' leaves start from it too.
+pub fn leaf_params(sans: Vec<SanType>) -> CertificateParams {
+    let mut params = CertificateParams::default();
+    params.subject_alt_names = sans;
+    params.is_ca = IsCa::ExplicitNoCa;
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    params.use_authority_key_identifier_extension = true;
+    params
 }
 
 fn new_key() -> Result<KeyPair, String> {

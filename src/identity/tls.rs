@@ -450,8 +450,8 @@ pub fn alpn_wire(h2_first: bool) -> &'static [u8] {
 mod tests {
     use super::*;
     use rcgen::{
-        BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose,
-        IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType,
+        BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer, KeyPair,
+        KeyUsagePurpose, SanType,
     };
     use time::{Duration, OffsetDateTime};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -503,16 +503,8 @@ mod tests {
     /// A workload leaf for `uri`, valid until `not_after`: its PEM and key PEM.
     fn leaf(ca: &Ca, uri: &str, not_after: OffsetDateTime) -> (String, String) {
         let key = KeyPair::generate().unwrap();
-        let mut p = CertificateParams::default();
+        let mut p = super::super::certgen::leaf_params(vec![SanType::URI(uri.try_into().unwrap())]);
         p.distinguished_name = name("workload");
-        p.subject_alt_names = vec![SanType::URI(uri.try_into().unwrap())];
-        p.is_ca = IsCa::ExplicitNoCa;
-        p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        p.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        p.use_authority_key_identifier_extension = true;
         p.not_before =
             (OffsetDateTime::now_utc() - Duration::days(1)).min(not_after - Duration::days(30));
         p.not_after = not_after;

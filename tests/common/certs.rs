@@ -70,16 +70,12 @@ impl Certs {
     /// SANs are exactly `uris` (URI SANs, any shape) and `dns` (DNS SANs), for certificates
     /// `aether-proxy certs` would never make.
     pub fn mint(&self, stem: &str, uris: &[&str], dns: &[&str]) {
-        use rcgen::{
-            CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
-            SanType, PKCS_ECDSA_P256_SHA256,
-        };
+        use rcgen::{Issuer, KeyPair, SanType, PKCS_ECDSA_P256_SHA256};
         let ca_pem = fs::read_to_string(self.ca()).expect("read ca.crt");
         let ca_key = fs::read_to_string(self.dir.path().join("ca.key")).expect("read ca.key");
         let ca_key = KeyPair::from_pem(&ca_key).expect("CA key");
         let issuer = Issuer::from_ca_cert_pem(&ca_pem, ca_key).expect("CA as issuer");
         let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).expect("leaf key");
-        let mut params = CertificateParams::default();
         let mut sans = Vec::new();
         for u in uris {
             sans.push(SanType::URI((*u).try_into().expect("IA5 URI")));
@@ -87,14 +83,8 @@ impl Certs {
         for d in dns {
             sans.push(SanType::DnsName((*d).try_into().expect("IA5 DNS name")));
         }
-        params.subject_alt_names = sans;
-        params.is_ca = IsCa::ExplicitNoCa;
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        params.use_authority_key_identifier_extension = true;
+        // Shaped as `aether-proxy certs` shapes its leaves, with these SANs instead.
+        let params = aether_proxy::identity::certgen::leaf_params(sans);
         let cert = params.signed_by(&key, &issuer).expect("sign the leaf");
         fs::write(self.cert(stem), cert.pem()).expect("write leaf");
         fs::write(self.key(stem), key.serialize_pem()).expect("write key");
