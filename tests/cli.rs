@@ -213,7 +213,7 @@ async fn run_enlarges_the_allocators_thread_cache_and_keeps_an_operators_choice(
     let env = environ(proxy.pid().unwrap());
     assert!(
         env.iter()
-            .any(|v| v == "GLIBC_TUNABLES=glibc.malloc.tcache_count=128"),
+            .any(|v| v == "GLIBC_TUNABLES=glibc.malloc.tcache_count=1024"),
         "{env:?}"
     );
     assert!(env.iter().any(|v| v == "AETHER_MALLOC_TUNED=1"), "{env:?}");
