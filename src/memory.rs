@@ -367,6 +367,23 @@ unsafe impl GlobalAlloc for Allocator {
                 p
             }
         } else {
+            // A growing vector (a header map's entries) reaches a medium size by `realloc`:
+            // served by glibc, it would miss the kept blocks and fill their slot with frees
+            // that no `alloc` takes again.
+            let new = Layout::from_size_align(new_size, layout.align());
+            if let Some(p) = new
+                .ok()
+                .filter(|&n| Self::medium(n))
+                .and_then(|n| reuse::take(n.size()))
+            {
+                // SAFETY: `p` is a kept block of `new_size` bytes and `ptr` a live one of
+                // `layout.size()`; the old block is freed the way it was made.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(ptr, p, layout.size().min(new_size));
+                    self.dealloc(ptr, layout);
+                }
+                return p;
+            }
             // SAFETY: forwarded unchanged.
             unsafe { System.realloc(ptr, layout, new_size) }
         }
@@ -540,6 +557,39 @@ mod tests {
             a.dealloc(q, l);
             assert_eq!(reuse::take(8192), None);
         }
+    }
+
+    #[test]
+    fn a_vector_growing_into_a_medium_size_takes_a_kept_block_and_keeps_its_bytes() {
+        std::thread::spawn(|| {
+            let a = Allocator;
+            let small = Layout::from_size_align(600, 8).unwrap();
+            let medium = Layout::from_size_align(1248, 8).unwrap();
+            reuse_medium_blocks();
+            // SAFETY: each block is used within its layout and freed with it.
+            unsafe {
+                let kept = a.alloc(medium);
+                a.dealloc(kept, medium);
+                let p = a.alloc(small);
+                p.write_bytes(0x7C, small.size());
+                let grown = a.realloc(p, small, medium.size());
+                assert_eq!(grown, kept, "the grown block is the kept one");
+                assert!(std::slice::from_raw_parts(grown, 600)
+                    .iter()
+                    .all(|&b| b == 0x7C));
+                grown.add(600).write_bytes(0x7D, 648);
+                // With none kept, glibc grows it as before.
+                assert_eq!(reuse::take(medium.size()), None);
+                let again = a.realloc(a.alloc(small), small, medium.size());
+                assert!(!again.is_null());
+                again.write_bytes(0x01, medium.size());
+                a.dealloc(again, medium);
+                a.dealloc(grown, medium);
+            }
+            release_medium_blocks();
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]
