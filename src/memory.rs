@@ -369,11 +369,11 @@ unsafe impl GlobalAlloc for Allocator {
         } else {
             // A growing vector (a header map's entries) reaches a medium size by `realloc`:
             // served by glibc, it would miss the kept blocks and fill their slot with frees
-            // that no `alloc` takes again.
+            // that no `alloc` takes again. A shrink stays with glibc, which does it in place.
             let new = Layout::from_size_align(new_size, layout.align());
             if let Some(p) = new
                 .ok()
-                .filter(|&n| Self::medium(n))
+                .filter(|&n| new_size > layout.size() && Self::medium(n))
                 .and_then(|n| reuse::take(n.size()))
             {
                 // SAFETY: `p` is a kept block of `new_size` bytes and `ptr` a live one of
@@ -585,6 +585,16 @@ mod tests {
                 again.write_bytes(0x01, medium.size());
                 a.dealloc(again, medium);
                 a.dealloc(grown, medium);
+                // A shrink into a kept size stays with glibc (in place, no copy).
+                let big = Layout::from_size_align(5000, 8).unwrap();
+                let p = a.alloc(big);
+                p.write_bytes(0x2E, big.size());
+                let shrunk = a.realloc(p, big, medium.size());
+                assert_ne!(shrunk, grown, "a kept block is not taken by a shrink");
+                assert!(std::slice::from_raw_parts(shrunk, medium.size())
+                    .iter()
+                    .all(|&b| b == 0x2E));
+                a.dealloc(shrunk, medium);
             }
             release_medium_blocks();
         })
