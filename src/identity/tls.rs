@@ -503,7 +503,8 @@ mod tests {
     /// A workload leaf for `uri`, valid until `not_after`: its PEM and key PEM.
     fn leaf(ca: &Ca, uri: &str, not_after: OffsetDateTime) -> (String, String) {
         let key = KeyPair::generate().unwrap();
-        let mut p = super::super::certgen::leaf_params(vec![SanType::URI(uri.try_into().unwrap())]);
+        let mut p =
+            crate::identity::certgen::leaf_params(vec![SanType::URI(uri.try_into().unwrap())]);
         p.distinguished_name = name("workload");
         p.not_before =
             (OffsetDateTime::now_utc() - Duration::days(1)).min(not_after - Duration::days(30));
