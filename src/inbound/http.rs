@@ -153,11 +153,13 @@ impl HttpChains {
         let timers = crate::http::limits::timers();
         let activity = Activity::new();
         let expects = crate::http::expect::expects_continue(&req);
-        let req = req.map(|b| {
+        // Boxed once, as outbound: it is moved down to the app's connection, not copied at
+        // each level.
+        let req = Box::new(req.map(|b| {
             ReqBody::from_peer(b, log.received.clone())
                 .guarded("inbound", activity.clone())
                 .held_for_continue(expects)
-        });
+        }));
         // The app must start its answer in time (SPEC section 8), the request body's upload
         // included.
         let mut open = Some(open);
@@ -197,7 +199,7 @@ impl HttpChains {
 
     async fn forward(
         &self,
-        mut req: Request<ReqBody>,
+        mut req: Box<Request<ReqBody>>,
         conn: &ConnCtx,
         authority: &str,
         oversized: bool,
@@ -232,7 +234,7 @@ impl HttpChains {
             }
             headers::retarget(&mut req, false, authority)?;
             // Boxed: the rare path's future stays out of every request's.
-            let up = self.upgrade(req, port, authority, &conn.peer.spiffe_id, open);
+            let up = self.upgrade(*req, port, authority, &conn.peer.spiffe_id, open);
             return Box::pin(up).await;
         }
         headers::retarget(&mut req, to_h2, authority)?;

@@ -38,7 +38,7 @@ impl InFlight {
 pub async fn forward(
     up: &Upstream,
     locality: Option<&Locality>,
-    mut req: Request<ReqBody>,
+    mut req: Box<Request<ReqBody>>,
     cluster: &Cluster,
     authority: &str,
     src: IpAddr,
@@ -65,7 +65,7 @@ pub async fn forward(
 async fn attempts(
     up: &Upstream,
     mut tries: Tries<'_>,
-    req: Request<ReqBody>,
+    req: Box<Request<ReqBody>>,
     cluster: &Cluster,
     authority: &str,
     h2_first: bool,
@@ -125,7 +125,7 @@ async fn attempts(
                 if !tries.skip(&ep, Reason::UpstreamConnectFailure) {
                     break;
                 }
-                req = Some(*r);
+                req = Some(r);
                 retrying = Some("pool-closed");
             }
             Err(SendError::Failed(e)) => {
@@ -134,7 +134,7 @@ async fn attempts(
                 let retry_left = tries.failed(&ep, failure.reason());
                 match again {
                     Some(a) if retry_left && a.allowed_after(failure) => {
-                        req = Some(a.into_request());
+                        req = Some(Box::new(a.into_request()));
                         retrying = Some(failure.label());
                     }
                     _ => return Err(failure.reason()),

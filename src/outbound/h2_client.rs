@@ -51,15 +51,18 @@ impl H2 {
 
     /// Sends `req` and waits for the response head. The request body, when there is one, is
     /// sent by a task of its own, with the peer's flow control.
-    pub async fn send<B>(&mut self, req: Request<B>) -> Result<Response<H2Body>, H2SendError<B>>
+    pub async fn send<B>(
+        &mut self,
+        req: Box<Request<B>>,
+    ) -> Result<Response<H2Body>, H2SendError<B>>
     where
         B: Body<Data = Bytes> + Send + Unpin + 'static,
         B::Error: std::fmt::Display + Send,
     {
         if poll_fn(|cx| self.send.poll_ready(cx)).await.is_err() {
-            return Err(H2SendError::NotSent(Box::new(req)));
+            return Err(H2SendError::NotSent(req));
         }
-        let (parts, body) = req.into_parts();
+        let (parts, body) = (*req).into_parts();
         let end = body.is_end_stream();
         let head = Request::from_parts(parts, ());
         let (response, stream) = self
@@ -289,12 +292,14 @@ mod tests {
         }
     }
 
-    fn request<B>(body: B) -> Request<B> {
-        Request::builder()
-            .method("POST")
-            .uri("http://app.test/echo")
-            .body(body)
-            .unwrap()
+    fn request<B>(body: B) -> Box<Request<B>> {
+        Box::new(
+            Request::builder()
+                .method("POST")
+                .uri("http://app.test/echo")
+                .body(body)
+                .unwrap(),
+        )
     }
 
     /// A body far larger than the peer's window arrives whole, in order, with its trailers;

@@ -441,11 +441,11 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
         self: &Arc<Self>,
         key: &K,
         conn: Conn,
-        mut req: http::Request<ReqBody>,
+        mut req: Box<http::Request<ReqBody>>,
         max_uses: u32,
     ) -> Result<(http::Response<UpBody>, Option<StreamGuard>), SendError> {
         let gate = req.body().continue_gate().cloned();
-        crate::http::expect::arm(&mut req, gate, matches!(conn, Conn::H2(..)));
+        crate::http::expect::arm(&mut *req, gate, matches!(conn, Conn::H2(..)));
         let unsent = |mut e: hyper::client::conn::TrySendError<http::Request<ReqBody>>| match e
             .take_message()
         {
@@ -454,7 +454,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
         };
         match conn {
             Conn::H1(mut s, uses) => {
-                let resp = s.try_send_request(req).await.map_err(unsent)?;
+                let resp = s.try_send_request(*req).await.map_err(unsent)?;
                 let back = self.give_back_h1(key, s, uses + 1, max_uses);
                 Ok((resp.map(|b| UpBody::h1_pooled(b, back)), None))
             }
@@ -640,7 +640,7 @@ mod tests {
                 Conn::H1(handshake_h1(TokioIo::new(tcp), ()).await.unwrap(), 0)
             }
         };
-        match pool.send(&1, conn, get(path), max_uses).await {
+        match pool.send(&1, conn, Box::new(get(path)), max_uses).await {
             Ok((resp, _)) => resp,
             Err(_) => panic!("the app answers every request"),
         }
