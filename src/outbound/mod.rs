@@ -83,6 +83,12 @@ enum Routed {
     Forward(Box<Request<ReqBody>>, Arc<Cluster>, Admitted),
 }
 
+impl Routed {
+    fn answered(out: Outcome) -> Routed {
+        Routed::Answered(Box::new(out))
+    }
+}
+
 impl Outcome {
     /// The outcome of a forwarded request.
     fn forwarded(sent: Result<(Response<UpBody>, InFlight), Reason>) -> Outcome {
@@ -404,7 +410,7 @@ impl Outbound {
     ) -> Routed {
         let mut auth = match route::parse_authority(authority, &self.mesh_domain) {
             Ok(a) => a,
-            Err(r) => return Routed::Answered(Box::new(Outcome::error(r))),
+            Err(r) => return Routed::answered(Outcome::error(r)),
         };
         if captured_port != 0 && auth.port.is_none() {
             self.port_from_destination(&mut auth, captured_port);
@@ -418,12 +424,11 @@ impl Outbound {
                 if r == Reason::PortNotExposed {
                     out.service = Some(auth.service.to_string());
                 }
-                return Routed::Answered(Box::new(out));
+                return Routed::answered(out);
             }
         };
         let Some(admitted) = cluster.admit() else {
-            let out = Outcome::error(Reason::Overflow).routed_to(&cluster);
-            return Routed::Answered(Box::new(out));
+            return Routed::answered(Outcome::error(Reason::Overflow).routed_to(&cluster));
         };
         let is_connect = req.method() == Method::CONNECT;
         let upgrade_to = headers::upgrade_of(&req);
@@ -443,7 +448,7 @@ impl Outbound {
                 return Routed::Forward(req, cluster, admitted);
             }
         };
-        Routed::Answered(Box::new(out.routed_to(&cluster)))
+        Routed::answered(out.routed_to(&cluster))
     }
 
     /// A captured request with a portless Host goes to the port the app dialled when the

@@ -579,6 +579,73 @@ mod tests {
         assert!(pool.get(&2, 2).is_none());
     }
 
+    /// A connection that closed after it was taken from the pool hands the request back
+    /// untouched (`SendError::NotSent`), which is what lets `forward` resend it elsewhere (its
+    /// `pool-closed` retry): for HTTP/2 and HTTP/1.1 alike.
+    #[tokio::test]
+    async fn a_connection_closed_before_the_send_hands_the_request_back() {
+        let pool: Arc<Pool<u8>> = Pool::new();
+        let deadline = || tokio::time::Instant::now() + Duration::from_secs(5);
+
+        // HTTP/2: the app ends the connection right after the handshake.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let mut conn = h2::server::handshake(tcp).await.unwrap();
+            conn.graceful_shutdown();
+            while conn.accept().await.is_some() {}
+        });
+        let h2 = handshake_h2(tokio::net::TcpStream::connect(addr).await.unwrap(), ())
+            .await
+            .unwrap();
+        let guard = pool.put_h2(1, h2.clone(), 0);
+        app.await.unwrap();
+        let until = deadline();
+        while !h2.is_closed() {
+            assert!(tokio::time::Instant::now() < until, "never seen closed");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let mut req = get("/again");
+        req.headers_mut()
+            .insert("x-kept", http::HeaderValue::from_static("h2"));
+        match pool.send(&1, Conn::H2(h2, guard), Box::new(req), 0).await {
+            Err(SendError::NotSent(r)) => {
+                assert_eq!(r.uri().path(), "/again");
+                assert_eq!(r.headers()["x-kept"], "h2");
+            }
+            Err(SendError::Failed(e)) => panic!("must come back unsent, got {e}"),
+            Ok(_) => panic!("a closed connection cannot answer"),
+        }
+
+        // HTTP/1.1: the app closes the socket without a word.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            drop(tcp);
+        });
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let h1 = handshake_h1(TokioIo::new(tcp), ()).await.unwrap();
+        app.await.unwrap();
+        let until = deadline();
+        while !h1.is_closed() {
+            assert!(tokio::time::Instant::now() < until, "never seen closed");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let mut req = get("/again");
+        req.headers_mut()
+            .insert("x-kept", http::HeaderValue::from_static("h1"));
+        match pool.send(&2, Conn::H1(h1, 0), Box::new(req), 0).await {
+            Err(SendError::NotSent(r)) => {
+                assert_eq!(r.uri().path(), "/again");
+                assert_eq!(r.headers()["x-kept"], "h1");
+            }
+            Err(SendError::Failed(e)) => panic!("must come back unsent, got {e}"),
+            Ok(_) => panic!("a closed connection cannot answer"),
+        }
+    }
+
     /// An HTTP/1.1 app on loopback: `/small` answers 64 bytes, `/big` 4 MiB (far more than
     /// the socket buffers hold, so it is still arriving when its head is read), anything else
     /// 204. Counts the connections it accepts.
