@@ -326,8 +326,9 @@ pub struct Decided {
     pub status: u16,
     pub reason: Option<Reason>,
     pub upstream: Option<std::net::SocketAddr>,
-    /// Metric labels (catalog names only).
-    pub service: String,
+    /// Metric labels (catalog names only). Shared, not copied: every request of a service
+    /// carries the same name.
+    pub service: Option<Arc<str>>,
     pub port: u16,
     /// Outbound: the identity pinned on the upstream connection (inbound logs the client's).
     pub peer: Option<SpiffeId>,
@@ -358,7 +359,8 @@ impl RequestLog {
     pub fn finish(self, d: &Decided, sent: u64) {
         let elapsed = self.start.elapsed();
         let m = metrics::get();
-        metrics::count_request(self.direction, &d.service, d.port, d.status);
+        let service = d.service.as_deref().unwrap_or_default();
+        metrics::count_request(self.direction, service, d.port, d.status);
         m.duration(self.direction).observe(elapsed.as_secs_f64());
         let (mut trace_hex, mut span_hex) = ([0u8; 32], [0u8; 16]);
         let trace_id = self.trace.trace_id.map(|t| {
@@ -414,12 +416,10 @@ pub fn finish_with<G: Send + Sync + 'static>(
     decided: Decided,
     guard: G,
 ) -> http::Response<RespBody> {
-    let sent = Arc::new(AtomicU64::new(0));
-    let counter = sent.clone();
     resp.map(move |b| {
-        Metered::new(b, counter).on_end(Box::new(move |_clean| {
+        Metered::counted_here(b).on_end(Box::new(move |_clean, sent| {
             drop(guard);
-            log.finish(&decided, sent.load(Ordering::Relaxed));
+            log.finish(&decided, sent);
         }))
     })
 }

@@ -14,8 +14,9 @@ use bytes::Bytes;
 use http_body_util::{Either, Empty, Full};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 
-/// What runs at the end of a response: it gets whether the body ended cleanly.
-pub type OnEnd = Box<dyn FnOnce(bool) + Send + Sync>;
+/// What runs at the end of a response: it gets whether the body ended cleanly and how many
+/// bytes of data went through.
+pub type OnEnd = Box<dyn FnOnce(bool, u64) + Send + Sync>;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -62,7 +63,11 @@ struct Guard {
 
 pub struct Metered<B> {
     inner: B,
-    bytes: Arc<AtomicU64>,
+    /// Data bytes so far.
+    counted: u64,
+    /// The same count, for a reader elsewhere (a request body's, read by the access log when
+    /// the response ends). A response body's count goes only to its `on_end`, so it has none.
+    bytes: Option<Arc<AtomicU64>>,
     on_end: Option<OnEnd>,
     guard: Option<Guard>,
     /// A request body not to be read until the next hop's `100 Continue` (`expect.rs`).
@@ -79,9 +84,17 @@ pub use super::upstream_body::UpBody;
 
 impl<B> Metered<B> {
     pub fn new(inner: B, bytes: Arc<AtomicU64>) -> Metered<B> {
+        let mut m = Metered::counted_here(inner);
+        m.bytes = Some(bytes);
+        m
+    }
+
+    /// A body whose count only its `on_end` reads.
+    pub fn counted_here(inner: B) -> Metered<B> {
         Metered {
             inner,
-            bytes,
+            counted: 0,
+            bytes: None,
             on_end: None,
             guard: None,
             held: None,
@@ -129,7 +142,7 @@ impl<B> Metered<B> {
 
     fn finish(&mut self, clean: bool) {
         if let Some(f) = self.on_end.take() {
-            f(clean);
+            f(clean, self.counted);
         }
     }
 
@@ -158,6 +171,7 @@ impl ReqBody {
         }
         Some(Metered {
             inner: Either::Right(Empty::new()),
+            counted: 0,
             bytes: self.bytes.clone(),
             on_end: None,
             guard: self.guard.as_ref().map(|g| Guard {
@@ -201,7 +215,10 @@ where
                     }
                 }
                 if let Some(d) = frame.data_ref() {
-                    this.bytes.fetch_add(d.len() as u64, Ordering::Relaxed);
+                    this.counted += d.len() as u64;
+                    if let Some(b) = &this.bytes {
+                        b.fetch_add(d.len() as u64, Ordering::Relaxed);
+                    }
                 }
                 if this.inner.is_end_stream() {
                     this.finish(true);
@@ -274,11 +291,19 @@ mod tests {
         let e = ended.clone();
         let body: Metered<Full<Bytes>> =
             Metered::new(Full::new(Bytes::from_static(b"hello")), bytes.clone())
-                .on_end(Box::new(move |clean| e.lock().unwrap().push(clean)));
+                .on_end(Box::new(move |clean, n| e.lock().unwrap().push((clean, n))));
         let collected = body.collect().await.unwrap().to_bytes();
         assert_eq!(&collected[..], b"hello");
         assert_eq!(bytes.load(Ordering::Relaxed), 5);
-        assert_eq!(*ended.lock().unwrap(), vec![true]);
+        assert_eq!(*ended.lock().unwrap(), vec![(true, 5)]);
+
+        // A response body's count goes to its end hook alone.
+        let ended = Arc::new(Mutex::new(Vec::new()));
+        let e = ended.clone();
+        let body = Metered::counted_here(Full::new(Bytes::from_static(b"hello, world")))
+            .on_end(Box::new(move |clean, n| e.lock().unwrap().push((clean, n))));
+        body.collect().await.unwrap();
+        assert_eq!(*ended.lock().unwrap(), vec![(true, 12)]);
     }
 
     #[tokio::test]
@@ -367,7 +392,7 @@ mod tests {
         let ended = Arc::new(Mutex::new(Vec::new()));
         let e = ended.clone();
         let body = Metered::new(Full::new(Bytes::from_static(b"x")), Arc::default())
-            .on_end(Box::new(move |clean| e.lock().unwrap().push(clean)));
+            .on_end(Box::new(move |clean, _| e.lock().unwrap().push(clean)));
         drop(body);
         assert_eq!(*ended.lock().unwrap(), vec![false]);
     }

@@ -38,7 +38,7 @@ pub struct HttpChains {
     /// Upgraded connections outlive their HTTP connection's task; the drain waits for them.
     pub tracker: Tracker,
     /// `service` label for metrics: this workload's service account.
-    pub service_label: String,
+    pub service_label: Arc<str>,
 }
 
 impl HttpChains {
@@ -185,7 +185,7 @@ impl HttpChains {
             status: resp.status().as_u16(),
             reason,
             upstream: Some(std::net::SocketAddr::new(self.app_host, conn.chain.port)),
-            service: self.service_label.clone(),
+            service: Some(self.service_label.clone()),
             port: conn.chain.port,
             peer: None,
         };

@@ -60,12 +60,7 @@ impl Inbound {
         drain: Drain,
         tracker: Tracker,
     ) -> Inbound {
-        let service_label = identity
-            .current()
-            .identity
-            .spiffe_id
-            .last_segment()
-            .to_string();
+        let service_label = identity.current().identity.spiffe_id.last_segment().into();
         Inbound {
             chains: Chains::new(&cfg.inbound),
             trust_domain: cfg.trust_domain.clone(),

@@ -83,6 +83,8 @@ pub struct Cluster {
     /// Canonical authority: `svc.<mesh>` for the default port, `svc.<mesh>:<port>` otherwise.
     pub name: String,
     pub service: Arc<Service>,
+    /// The service's name as metrics and the access log take it, made once per cluster.
+    pub service_label: Arc<str>,
     pub port: u16,
     /// Every listed endpoint that advertises the port, draining ones included.
     pub endpoints: Vec<Arc<EndpointState>>,
@@ -288,6 +290,7 @@ impl Clusters {
         Cluster {
             name: cluster_name(&svc.name, &self.mesh_domain, port, svc.default_port),
             by_priority: endpoints.iter().any(|e| e.priority.unwrap_or(0) != 0),
+            service_label: svc.name.as_str().into(),
             service: svc,
             port,
             endpoints,

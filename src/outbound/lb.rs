@@ -102,43 +102,46 @@ pub fn pick(
             r -= l;
         }
     }
-    let candidates: Vec<&Arc<EndpointState>> = eligible()
-        .filter(|e| {
+    // The chosen level's healthy endpoints, walked again for each draw rather than collected:
+    // the list was an allocation on every request, and a cluster has few endpoints.
+    let candidates = || {
+        eligible().filter(move |e| {
             !exclude.contains(&e.address)
                 && !e.is_ejected(now)
                 && level(cluster, own, e) == chosen_level
         })
-        .collect();
-    let equal_weights = candidates.windows(2).all(|w| w[0].weight == w[1].weight);
+    };
+    let (mut n, mut weight, mut first_weight, mut equal_weights) = (0usize, 0u64, None, true);
+    for e in candidates() {
+        n += 1;
+        weight += u64::from(e.weight);
+        equal_weights &= *first_weight.get_or_insert(e.weight) == e.weight;
+    }
     let mut sample = || {
         if equal_weights {
-            return candidates[roll(candidates.len())];
+            return candidates().nth(roll(n));
         }
         // Weighted: each candidate's chance is its share of the level's weight.
-        let total: u64 = candidates.iter().map(|e| u64::from(e.weight)).sum();
-        let mut at = roll(total as usize) as u64;
-        for e in &candidates {
+        let mut at = roll(weight as usize) as u64;
+        let mut last = None;
+        for e in candidates() {
             if at < u64::from(e.weight) {
-                return e;
+                return Some(e);
             }
             at -= u64::from(e.weight);
+            last = Some(e);
         }
-        candidates[candidates.len() - 1]
+        last
     };
-    let chosen = match candidates.len() {
-        0 => return Err(Reason::NoHealthyUpstream),
-        1 => candidates[0],
-        _ => {
-            let a = sample();
-            let b = sample();
-            if b.active() < a.active() {
-                b
-            } else {
-                a
-            }
-        }
+    let chosen = match n {
+        0 => None,
+        1 => candidates().next(),
+        _ => match (sample(), sample()) {
+            (Some(a), Some(b)) if b.active() < a.active() => Some(b),
+            (a, b) => a.or(b),
+        },
     };
-    Ok(chosen.clone())
+    chosen.cloned().ok_or(Reason::NoHealthyUpstream)
 }
 
 #[cfg(test)]

@@ -67,7 +67,7 @@ struct Outcome {
     resp: Response<Body>,
     reason: Option<Reason>,
     upstream: Option<SocketAddr>,
-    service: Option<String>,
+    service: Option<Arc<str>>,
     port: u16,
     /// The identity pinned on the upstream connection, once one was used.
     peer: Option<SpiffeId>,
@@ -109,7 +109,7 @@ impl Outcome {
 
     /// Names the cluster a request was routed to, and its identity once an upstream was used.
     fn routed_to(mut self, cluster: &Cluster) -> Outcome {
-        self.service = Some(cluster.service.name.clone());
+        self.service = Some(cluster.service_label.clone());
         self.port = cluster.port;
         if self.upstream.is_some() {
             self.peer = Some(cluster.service.identity.clone());
@@ -383,7 +383,7 @@ impl Outbound {
             status: out.resp.status().as_u16(),
             reason: out.reason,
             upstream: out.upstream,
-            service: out.service.unwrap_or_default(),
+            service: out.service,
             port: out.port,
             peer: out.peer,
         };
@@ -422,7 +422,7 @@ impl Outbound {
                 // The service exists, only the port does not: name it in metrics and the log.
                 // The port stays 0: any client-chosen number would make a new series.
                 if r == Reason::PortNotExposed {
-                    out.service = Some(auth.service.to_string());
+                    out.service = Some(auth.service.as_ref().into());
                 }
                 return Routed::answered(out);
             }
