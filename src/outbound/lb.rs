@@ -57,6 +57,10 @@ pub fn pick(
     };
     let mut total = [0usize; LEVELS];
     let mut healthy = [0usize; LEVELS];
+    // Per level, of its healthy endpoints: the sum of their weights and whether all are equal.
+    let mut weight = [0u64; LEVELS];
+    let mut first_weight = [None; LEVELS];
+    let mut equal_weights = [true; LEVELS];
     let mut any = false;
     for e in eligible() {
         any = true;
@@ -67,6 +71,8 @@ pub fn pick(
         total[p] += 1;
         if !e.is_ejected(now) {
             healthy[p] += 1;
+            weight[p] += u64::from(e.weight);
+            equal_weights[p] &= *first_weight[p].get_or_insert(e.weight) == e.weight;
         }
     }
     if !any {
@@ -102,8 +108,9 @@ pub fn pick(
             r -= l;
         }
     }
-    // The chosen level's healthy endpoints, walked again for each draw rather than collected:
-    // the list was an allocation on every request, and a cluster has few endpoints.
+    // The chosen level's healthy endpoints (the ones counted above), walked to each draw
+    // rather than collected: the list was an allocation on every request. A draw walks half
+    // the level on average, so two cost about what collecting did.
     let candidates = || {
         eligible().filter(move |e| {
             !exclude.contains(&e.address)
@@ -111,18 +118,14 @@ pub fn pick(
                 && level(cluster, own, e) == chosen_level
         })
     };
-    let (mut n, mut weight, mut first_weight, mut equal_weights) = (0usize, 0u64, None, true);
-    for e in candidates() {
-        n += 1;
-        weight += u64::from(e.weight);
-        equal_weights &= *first_weight.get_or_insert(e.weight) == e.weight;
-    }
+    let n = healthy[chosen_level];
     let mut sample = || {
-        if equal_weights {
-            return candidates().nth(roll(n));
+        if equal_weights[chosen_level] {
+            // The first one if another thread ejected endpoints since they were counted.
+            return candidates().nth(roll(n)).or_else(|| candidates().next());
         }
         // Weighted: each candidate's chance is its share of the level's weight.
-        let mut at = roll(weight as usize) as u64;
+        let mut at = roll(weight[chosen_level] as usize) as u64;
         let mut last = None;
         for e in candidates() {
             if at < u64::from(e.weight) {
