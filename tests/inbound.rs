@@ -929,6 +929,7 @@ async fn access_log_one_line_per_request() {
         .await
         .unwrap();
     assert_eq!(r.status, StatusCode::OK);
+    let log_1_body = r.body.len();
     // No id from the client: the log carries the one the proxy made (the one the app saw).
     let r = c
         .send(body(req("http://payments.aether.internal/made-id")))
@@ -955,6 +956,9 @@ async fn access_log_one_line_per_request() {
     assert_eq!(l1["authority"], "payments.aether.internal", "{l1}");
     assert_eq!(l1["peer_identity"], frontend.as_str(), "{l1}");
     assert!(l1["time"].is_string(), "{l1}");
+    // SPEC section 6: the bytes each way, the response body's as the client received it.
+    assert_eq!(l1["bytes_received"], 0, "{l1}");
+    assert_eq!(l1["bytes_sent"], log_1_body as u64, "{l1}");
 
     let l2 = pod.proxy.wait_access_log(LOG_TIMEOUT, by_id("log-2")).await;
     assert_eq!(l2["direction"], "inbound", "{l2}");
@@ -986,6 +990,36 @@ async fn access_log_one_line_per_request() {
         3,
         "{log:?}"
     );
+
+    // A request with a body: both counts.
+    let r = c
+        .send(
+            Request::post("http://payments.aether.internal/with-body")
+                .header("x-request-id", "log-4")
+                .body(Full::new(Bytes::from_static(b"eleven byte")))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, StatusCode::OK);
+    let l4 = pod.proxy.wait_access_log(LOG_TIMEOUT, by_id("log-4")).await;
+    assert_eq!(l4["bytes_received"], 11, "{l4}");
+    assert_eq!(l4["bytes_sent"], r.body.len() as u64, "{l4}");
+    assert!(
+        r.body.len() > 11,
+        "the app echoes the body in its answer: {r:?}"
+    );
+
+    // The same requests in the metrics, under this workload's service (its identity's last
+    // segment) and the chain's port: log-1, /made-id and log-4 answered 200 on 8080, log-2
+    // (orders, refused on 7070) 403.
+    let metrics = pod.proxy.admin_get("/metrics").await.unwrap().text();
+    for (port, code, n) in [("8080", "200", 3), ("7070", "403", 1)] {
+        let line = format!(
+            r#"aether_requests_total{{direction="inbound",service="payments",port="{port}",code="{code}"}} {n}"#
+        );
+        assert!(metrics.lines().any(|l| l == line), "{line} in:\n{metrics}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
