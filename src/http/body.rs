@@ -77,6 +77,9 @@ pub struct Metered<B> {
 /// A request body on its way upstream: the peer's, or none (a body-less request sent again on
 /// a retry: hyper's `Incoming` cannot be made anew, and an `Either` costs no allocation).
 pub type ReqBody = Metered<Either<Incoming, Empty<Bytes>>>;
+/// A request on its way upstream, boxed once where a listener makes it: it passes down several
+/// levels of futures to its connection, and each would otherwise copy all of it.
+pub type BoxedRequest = Box<http::Request<ReqBody>>;
 /// A response body: streamed from a peer, or made here.
 pub type RespBody = Metered<Either<UpBody, Full<Bytes>>>;
 

@@ -18,7 +18,7 @@ use super::peer::{Peer, TlsStream};
 use crate::accesslog::{self, ConnLog, Decided, RequestLog};
 use crate::drain::{Drain, Phase, Tracker};
 use crate::http::answer::{Body, Reason};
-use crate::http::body::{Activity, ReqBody, RespBody, UpBody};
+use crate::http::body::{Activity, BoxedRequest, ReqBody, RespBody, UpBody};
 use crate::http::headers;
 use crate::http::server::{
     serve_until_drained, sniff_codec, Codec, ConnRequests, RequestOpen, Servers, Timed, Wire,
@@ -199,7 +199,7 @@ impl HttpChains {
 
     async fn forward(
         &self,
-        mut req: Box<Request<ReqBody>>,
+        mut req: BoxedRequest,
         conn: &ConnCtx,
         authority: &str,
         oversized: bool,

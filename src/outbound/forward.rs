@@ -4,7 +4,7 @@
 
 use std::net::IpAddr;
 
-use http::{Request, Response, Version};
+use http::{Response, Version};
 
 use super::cluster::{ActiveGuard, Cluster};
 use super::connect::{ConnectError, PoolKey, Upstream};
@@ -13,7 +13,7 @@ use super::retry::{self, Resend, Tries, MAX_RETRIES};
 use super::route::choose_subset;
 use crate::config::Locality;
 use crate::http::answer::Reason;
-use crate::http::body::{ReqBody, UpBody};
+use crate::http::body::{BoxedRequest, UpBody};
 use crate::http::headers;
 
 /// What a request holds until its response body ends: its endpoint's in-flight count and its
@@ -38,7 +38,7 @@ impl InFlight {
 pub async fn forward(
     up: &Upstream,
     locality: Option<&Locality>,
-    mut req: Box<Request<ReqBody>>,
+    mut req: BoxedRequest,
     cluster: &Cluster,
     authority: &str,
     src: IpAddr,
@@ -65,7 +65,7 @@ pub async fn forward(
 async fn attempts(
     up: &Upstream,
     mut tries: Tries<'_>,
-    req: Box<Request<ReqBody>>,
+    req: BoxedRequest,
     cluster: &Cluster,
     authority: &str,
     h2_first: bool,

@@ -35,7 +35,7 @@ use crate::catalog::{CatalogStore, PortProtocol};
 use crate::config::{Config, Egress, Locality};
 use crate::drain::{accept_until_closing, Drain, Phase, Tracker};
 use crate::http::answer::{Body, Reason};
-use crate::http::body::{Activity, ReqBody, RespBody, UpBody};
+use crate::http::body::{Activity, BoxedRequest, ReqBody, RespBody, UpBody};
 use crate::http::fin::FinTcp;
 use crate::http::headers;
 use crate::http::server::{
@@ -80,7 +80,7 @@ struct Outcome {
 /// forwarded to `cluster`.
 enum Routed {
     Answered(Box<Outcome>),
-    Forward(Box<Request<ReqBody>>, Arc<Cluster>, Admitted),
+    Forward(BoxedRequest, Arc<Cluster>, Admitted),
 }
 
 impl Routed {
@@ -402,7 +402,7 @@ impl Outbound {
     /// HTTP request for a cluster is handed back to be forwarded (`Routed::Forward`).
     async fn route(
         self: &Arc<Self>,
-        req: Box<Request<ReqBody>>,
+        req: BoxedRequest,
         authority: &str,
         src: IpAddr,
         captured_port: u16,

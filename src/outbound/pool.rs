@@ -16,7 +16,7 @@ use hyper::rt::{Read, Write};
 
 use super::h2_client::H2SendError;
 pub use super::h2_client::{handshake as handshake_h2, H2};
-use crate::http::body::{ReqBody, UpBody};
+use crate::http::body::{BoxedRequest, ReqBody, UpBody};
 use crate::http::limits::{HYPER_MAX_BUF, UPSTREAM_IDLE_TIMEOUT as IDLE_TIMEOUT};
 use crate::http::upstream_body::GiveBack;
 
@@ -413,7 +413,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
 
 pub enum SendError {
     /// The connection was gone before the request went out: safe to retry elsewhere.
-    NotSent(Box<http::Request<ReqBody>>),
+    NotSent(BoxedRequest),
     Failed(Failed),
 }
 
@@ -441,7 +441,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
         self: &Arc<Self>,
         key: &K,
         conn: Conn,
-        mut req: Box<http::Request<ReqBody>>,
+        mut req: BoxedRequest,
         max_uses: u32,
     ) -> Result<(http::Response<UpBody>, Option<StreamGuard>), SendError> {
         let gate = req.body().continue_gate().cloned();
@@ -585,7 +585,6 @@ mod tests {
     #[tokio::test]
     async fn a_connection_closed_before_the_send_hands_the_request_back() {
         let pool: Arc<Pool<u8>> = Pool::new();
-        let deadline = || tokio::time::Instant::now() + Duration::from_secs(5);
 
         // HTTP/2: the app ends the connection right after the handshake.
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -601,22 +600,8 @@ mod tests {
             .unwrap();
         let guard = pool.put_h2(1, h2.clone(), 0);
         app.await.unwrap();
-        let until = deadline();
-        while !h2.is_closed() {
-            assert!(tokio::time::Instant::now() < until, "never seen closed");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let mut req = get("/again");
-        req.headers_mut()
-            .insert("x-kept", http::HeaderValue::from_static("h2"));
-        match pool.send(&1, Conn::H2(h2, guard), Box::new(req), 0).await {
-            Err(SendError::NotSent(r)) => {
-                assert_eq!(r.uri().path(), "/again");
-                assert_eq!(r.headers()["x-kept"], "h2");
-            }
-            Err(SendError::Failed(e)) => panic!("must come back unsent, got {e}"),
-            Ok(_) => panic!("a closed connection cannot answer"),
-        }
+        until_closed(|| h2.is_closed()).await;
+        assert_handed_back(&pool, 1, Conn::H2(h2, guard), "h2").await;
 
         // HTTP/1.1: the app closes the socket without a word.
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -628,18 +613,28 @@ mod tests {
         let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
         let h1 = handshake_h1(TokioIo::new(tcp), ()).await.unwrap();
         app.await.unwrap();
-        let until = deadline();
-        while !h1.is_closed() {
+        until_closed(|| h1.is_closed()).await;
+        assert_handed_back(&pool, 2, Conn::H1(h1, 0), "h1").await;
+    }
+
+    /// Waits (at most 5 s) until the client side has seen its connection close.
+    async fn until_closed(closed: impl Fn() -> bool) {
+        let until = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !closed() {
             assert!(tokio::time::Instant::now() < until, "never seen closed");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+
+    /// Sends a request marked with `tag` on `conn` and checks it comes back unsent, whole.
+    async fn assert_handed_back(pool: &Arc<Pool<u8>>, key: u8, conn: Conn, tag: &'static str) {
         let mut req = get("/again");
         req.headers_mut()
-            .insert("x-kept", http::HeaderValue::from_static("h1"));
-        match pool.send(&2, Conn::H1(h1, 0), Box::new(req), 0).await {
+            .insert("x-kept", http::HeaderValue::from_static(tag));
+        match pool.send(&key, conn, Box::new(req), 0).await {
             Err(SendError::NotSent(r)) => {
                 assert_eq!(r.uri().path(), "/again");
-                assert_eq!(r.headers()["x-kept"], "h1");
+                assert_eq!(r.headers()["x-kept"], tag);
             }
             Err(SendError::Failed(e)) => panic!("must come back unsent, got {e}"),
             Ok(_) => panic!("a closed connection cannot answer"),
