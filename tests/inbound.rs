@@ -87,6 +87,12 @@ impl Pod {
         HttpClient::h1(self.connect(client).await).await.unwrap()
     }
 
+    /// TLS as workload `stem` with SNI `port` and ALPN http/1.1, then HTTP/1.1 over it.
+    async fn h1_as(&self, stem: &str, port: &str) -> HttpClient {
+        self.h1(&self.client(stem).sni(Some(port)).alpn(&["http/1.1"]))
+            .await
+    }
+
     /// TLS (as `client` says) then HTTP/2 over it.
     async fn h2(&self, client: &TlsClient) -> HttpClient {
         HttpClient::h2(self.connect(client).await).await.unwrap()
@@ -214,9 +220,7 @@ async fn unserved_port_sni_is_refused() {
     }
     // Never the default chain: nothing reached any app, and the pod still serves 8080.
     assert_eq!(pod.app_traffic(), (0, 0, 0, 0));
-    let mut c = pod
-        .h1(&pod.client("frontend").sni(Some("8080")).alpn(&["http/1.1"]))
-        .await;
+    let mut c = pod.h1_as("frontend", "8080").await;
     let r = c
         .get("http://payments.aether.internal/after")
         .await
@@ -415,9 +419,7 @@ async fn xfcc_is_exact_and_replaces_client_value() {
     let forged = "By=spiffe://aether.local/ns/default/sa/payments;Hash=00;URI=spiffe://aether.local/ns/kube-system/sa/admin";
 
     // HTTP/1.1 on the auto port.
-    let mut c = pod
-        .h1(&pod.client("frontend").sni(Some("8080")).alpn(&["http/1.1"]))
-        .await;
+    let mut c = pod.h1_as("frontend", "8080").await;
     c.send(body(req("http://payments.aether.internal/plain")))
         .await
         .unwrap();
@@ -438,9 +440,7 @@ async fn xfcc_is_exact_and_replaces_client_value() {
     .await
     .unwrap();
     // Another peer gets its own URI and hash.
-    let mut c = pod
-        .h1(&pod.client("orders").sni(Some("8080")).alpn(&["http/1.1"]))
-        .await;
+    let mut c = pod.h1_as("orders", "8080").await;
     c.send(body(req("http://payments.aether.internal/orders")))
         .await
         .unwrap();
@@ -470,9 +470,7 @@ async fn xfcc_is_exact_and_replaces_client_value() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_id_added_when_absent_kept_when_present() {
     let pod = Pod::start().await;
-    let mut h1 = pod
-        .h1(&pod.client("frontend").sni(Some("8080")).alpn(&["http/1.1"]))
-        .await;
+    let mut h1 = pod.h1_as("frontend", "8080").await;
     let mut h2 = pod
         .h2(&pod.client("frontend").sni(Some("9090")).alpn(&["h2"]))
         .await;
@@ -577,9 +575,7 @@ async fn clients_without_a_mesh_identity_are_refused() {
     );
 
     // Positive control: the real frontend certificate works on the same port.
-    let mut c = pod
-        .h1(&pod.client("frontend").sni(Some("8080")).alpn(&["http/1.1"]))
-        .await;
+    let mut c = pod.h1_as("frontend", "8080").await;
     assert_eq!(
         c.get("http://payments.aether.internal/ok")
             .await
@@ -592,9 +588,7 @@ async fn clients_without_a_mesh_identity_are_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allow_list_on_http_chain_answers_403() {
     let pod = Pod::start().await;
-    let mut c = pod
-        .h1(&pod.client("orders").sni(Some("7070")).alpn(&["http/1.1"]))
-        .await;
+    let mut c = pod.h1_as("orders", "7070").await;
     let r = c
         .get("http://payments.aether.internal/not-for-orders")
         .await
@@ -607,15 +601,11 @@ async fn allow_list_on_http_chain_answers_403() {
     assert_eq!(pod.app7070.connections(), 0);
 
     // The listed identity gets through on the same port; orders still can use 8080 (no allow).
-    let mut c = pod
-        .h1(&pod.client("frontend").sni(Some("7070")).alpn(&["http/1.1"]))
-        .await;
+    let mut c = pod.h1_as("frontend", "7070").await;
     let r = c.get("http://payments.aether.internal/ok").await.unwrap();
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(r.header("x-app-port"), Some("7070"));
-    let mut c = pod
-        .h1(&pod.client("orders").sni(Some("8080")).alpn(&["http/1.1"]))
-        .await;
+    let mut c = pod.h1_as("orders", "8080").await;
     assert_eq!(
         c.get("http://payments.aether.internal/ok")
             .await
@@ -656,9 +646,7 @@ async fn allow_list_on_tcp_chain_closes_without_echo() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn app_not_listening_gives_503_app_unavailable() {
     let pod = Pod::start().await;
-    let mut c = pod
-        .h1(&pod.client("frontend").sni(Some("6060")).alpn(&["http/1.1"]))
-        .await;
+    let mut c = pod.h1_as("frontend", "6060").await;
     let r = c.get("http://payments.aether.internal/x").await.unwrap();
     assert_proxy_error(&r, 503, "app-unavailable");
     // The connection survives the error.
@@ -751,9 +739,7 @@ async fn garbage_instead_of_client_hello_is_closed() {
         open.push(tcp);
     }
     // Other connections are not harmed.
-    let mut c = pod
-        .h1(&pod.client("frontend").sni(Some("8080")).alpn(&["http/1.1"]))
-        .await;
+    let mut c = pod.h1_as("frontend", "8080").await;
     let r = c.get("http://payments.aether.internal/fine").await.unwrap();
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(pod.app_traffic(), (1, 0, 0, 0));
@@ -770,9 +756,7 @@ async fn silent_clients_are_cut_off_without_harm() {
     stalled.write_all(&[0x16, 0x03, 0x01]).await.unwrap();
 
     // Meanwhile, normal requests on both HTTP codecs and the tcp chain work.
-    let mut c = pod
-        .h1(&pod.client("frontend").sni(Some("8080")).alpn(&["http/1.1"]))
-        .await;
+    let mut c = pod.h1_as("frontend", "8080").await;
     assert_eq!(
         c.get("http://payments.aether.internal/meanwhile")
             .await
@@ -841,16 +825,12 @@ fn with_headers(uri: &str, n: usize, h2: bool) -> Request<Full<Bytes>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn headers_over_the_limit_get_431() {
     let pod = Pod::start().await;
-    let mut h1 = pod
-        .h1(&pod.client("frontend").sni(Some("8080")).alpn(&["http/1.1"]))
-        .await;
+    let mut h1 = pod.h1_as("frontend", "8080").await;
     let r = h1.send(with_headers("/many", 101, false)).await.unwrap();
     assert_proxy_error(&r, 431, "headers-too-large");
     // Too many fields are refused where the head is decoded, and the connection closed, as
     // Envoy's codec does: the next request takes a new connection.
-    let mut h1 = pod
-        .h1(&pod.client("frontend").sni(Some("8080")).alpn(&["http/1.1"]))
-        .await;
+    let mut h1 = pod.h1_as("frontend", "8080").await;
     let r = h1
         .send(body(
             req("http://payments.aether.internal/big").header("x-big", "a".repeat(61 * 1024)),
@@ -882,9 +862,7 @@ async fn exactly_100_headers_pass() {
     // SPEC section 8: the limit is 100 headers; 431 is for *over* 100. The headers the proxy
     // adds itself (x-request-id, x-forwarded-client-cert) must not count against the client.
     let pod = Pod::start().await;
-    let mut h1 = pod
-        .h1(&pod.client("frontend").sni(Some("8080")).alpn(&["http/1.1"]))
-        .await;
+    let mut h1 = pod.h1_as("frontend", "8080").await;
     let r = h1.send(with_headers("/hundred", 100, false)).await.unwrap();
     assert_eq!(
         r.status,
@@ -919,9 +897,7 @@ async fn access_log_one_line_per_request() {
     let frontend = pod.spiffe_id(FRONTEND);
     let orders = pod.spiffe_id(ORDERS);
 
-    let mut c = pod
-        .h1(&pod.client("frontend").sni(Some("8080")).alpn(&["http/1.1"]))
-        .await;
+    let mut c = pod.h1_as("frontend", "8080").await;
     let r = c
         .send(body(
             req("http://payments.aether.internal/logged?q=1").header("x-request-id", "log-1"),
@@ -936,9 +912,7 @@ async fn access_log_one_line_per_request() {
         .await
         .unwrap();
     assert_eq!(r.status, StatusCode::OK);
-    let mut o = pod
-        .h1(&pod.client("orders").sni(Some("7070")).alpn(&["http/1.1"]))
-        .await;
+    let mut o = pod.h1_as("orders", "7070").await;
     let r = o
         .send(body(
             req("http://payments.aether.internal/denied").header("x-request-id", "log-2"),
