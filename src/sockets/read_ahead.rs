@@ -10,7 +10,7 @@
 //! hands over one sealed record at a time, and sent one `send` each, a bulk stream of 16 KiB
 //! records leaves as 16 KiB segments, each costing both kernels a trip through TCP. Gathered
 //! up to [`WRITE_BATCH`] and sent at once (or when the splice flushes: whenever it has
-//! nothing more to read), they leave as 64 KiB segments. HTTP connections write through: hyper
+//! nothing more to read), they leave in one `send` per 64-256 KiB. HTTP connections write through: hyper
 //! flushes after every write anyway, so a batch would only add a copy.
 //!
 //! The inbound listener also reads the ClientHello itself (to pick a chain by SNI) before
@@ -68,8 +68,12 @@ struct Batch {
     sent: usize,
 }
 
-/// The most a write batch gathers: four full records, as much as one read ahead takes.
-pub const WRITE_BATCH: usize = READ_AHEAD;
+/// The most a write batch gathers: sixteen full records, what the splice's bulk buffer
+/// (`pump::BULK`) seals in one write. A batch starts in a read-ahead block (four records) and
+/// grows past it only when a burst brings more before the splice flushes, which only a bulk
+/// stream does; it then keeps its grown block until the connection ends, as the splice keeps
+/// its bulk buffer.
+pub const WRITE_BATCH: usize = 4 * READ_AHEAD;
 
 impl<S> ReadAhead<S> {
     pub fn new(inner: S) -> Self {
@@ -224,7 +228,9 @@ impl Batch {
             }
             self.sent += n;
         }
-        if self.out.capacity() > 0 {
+        if self.out.capacity() >= 2 * READ_AHEAD {
+            self.out.clear(); // grown (doubled) for bulk: kept for the next burst
+        } else if self.out.capacity() > 0 {
             put_spare(std::mem::take(&mut self.out));
         }
         self.sent = 0;
@@ -260,7 +266,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for ReadAhead<S> {
         }
         if b.out.capacity() == 0 {
             b.out = take_spare();
-            b.out.reserve(WRITE_BATCH);
+            b.out.reserve(READ_AHEAD);
         }
         b.out.extend_from_slice(buf);
         Poll::Ready(Ok(buf.len()))
@@ -542,5 +548,66 @@ pub(super) mod tests {
         tls.read_to_end(&mut end).await.unwrap();
         assert!(end.is_empty());
         client.await.unwrap();
+    }
+
+    /// The batch's block as it stands: its capacity, 0 when it went back to the spares.
+    fn batch_capacity<S>(s: &ReadAhead<S>) -> usize {
+        s.batch.as_ref().map_or(0, |b| b.out.capacity())
+    }
+
+    #[tokio::test]
+    async fn a_batch_keeps_a_block_grown_for_bulk_and_gives_back_a_small_one() {
+        let (near, mut far) = tokio::io::duplex(4 * WRITE_BATCH);
+        let mut s = ReadAhead::new(near);
+        s.batch_writes();
+        let record: Vec<u8> = (0..16 * 1024 + 22).map(|i| (i % 251) as u8).collect();
+
+        // A small burst fits the read-ahead block it borrowed, which goes back after the send.
+        s.write_all(&record[..1000]).await.unwrap();
+        assert!(batch_capacity(&s) >= READ_AHEAD && batch_capacity(&s) < 2 * READ_AHEAD);
+        s.flush().await.unwrap();
+        assert_eq!(
+            batch_capacity(&s),
+            0,
+            "a small batch holds nothing after its send"
+        );
+        let mut got = vec![0u8; 1000];
+        far.read_exact(&mut got).await.unwrap();
+        assert_eq!(got, record[..1000]);
+
+        // Ten records before a flush: the block grows past a read-ahead block, sends nothing
+        // before the flush, and stays with the connection after it.
+        for _ in 0..10 {
+            s.write_all(&record).await.unwrap();
+        }
+        assert!(
+            batch_capacity(&s) >= 2 * READ_AHEAD,
+            "{}",
+            batch_capacity(&s)
+        );
+        let mut probe = [0u8; 1];
+        let early = tokio::time::timeout(Duration::from_millis(50), far.read(&mut probe)).await;
+        assert!(early.is_err(), "the batch went out before the flush");
+        s.flush().await.unwrap();
+        let kept = batch_capacity(&s);
+        assert!((2 * READ_AHEAD..=WRITE_BATCH).contains(&kept), "{kept}");
+        let mut got = vec![0u8; 10 * record.len()];
+        far.read_exact(&mut got).await.unwrap();
+        assert!(
+            got.chunks(record.len()).all(|c| c == record),
+            "bytes whole and in order"
+        );
+
+        // Past WRITE_BATCH, a full batch goes out before the next record joins; the block is
+        // never reallocated past WRITE_BATCH.
+        for _ in 0..40 {
+            s.write_all(&record).await.unwrap();
+            assert_eq!(batch_capacity(&s), kept);
+        }
+        s.shutdown().await.unwrap();
+        let mut all = Vec::new();
+        far.read_to_end(&mut all).await.unwrap();
+        assert_eq!(all.len(), 40 * record.len());
+        assert!(all.chunks(record.len()).all(|c| c == record));
     }
 }
