@@ -10,8 +10,8 @@
 //! hands over one sealed record at a time, and sent one `send` each, a bulk stream of 16 KiB
 //! records leaves as 16 KiB segments, each costing both kernels a trip through TCP. Gathered
 //! up to [`WRITE_BATCH`] and sent at once (or when the splice flushes: whenever it has
-//! nothing more to read), they leave in one `send` per 64-256 KiB. HTTP connections write through: hyper
-//! flushes after every write anyway, so a batch would only add a copy.
+//! nothing more to read), they leave in one `send` per 64-256 KiB. HTTP connections write
+//! through: hyper flushes after every write anyway, so a batch would only add a copy.
 //!
 //! The inbound listener also reads the ClientHello itself (to pick a chain by SNI) before
 //! BoringSSL exists; those bytes start the buffer, so the TLS stack sees them again.
