@@ -460,7 +460,8 @@ mod tests {
 
         // More than a batch holds goes out as the batch fills; the rest at shutdown, then
         // the close.
-        let big: Vec<u8> = (0..10 * RECORD as u32).map(|i| (i % 239) as u8).collect();
+        let big_len = read_ahead::WRITE_BATCH + 3 * RECORD;
+        let big: Vec<u8> = (0..big_len as u32).map(|i| (i % 239) as u8).collect();
         let reader = tokio::spawn(async move {
             let mut all = Vec::new();
             peer.read_to_end(&mut all).await.unwrap();

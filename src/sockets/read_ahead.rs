@@ -41,9 +41,12 @@ impl ReadReady for TcpStream {
     }
 }
 
-/// How much one `recv` may take: four full TLS records (16 KiB of plaintext each, plus
-/// headers and tags), so a bulk stream needs about one syscall per 64 KiB.
-pub const READ_AHEAD: usize = 4 * (16 * 1024 + 64);
+/// Room for one full TLS record as it travels: 16 KiB of plaintext plus header and tag.
+const SEALED_RECORD: usize = super::RECORD + 64;
+
+/// How much one `recv` may take: four full TLS records, so a bulk stream needs about one
+/// syscall per 64 KiB.
+pub const READ_AHEAD: usize = 4 * SEALED_RECORD;
 
 /// Reads come from the buffer first, then from `inner` through the buffer; writes, flush and
 /// shutdown go straight to `inner`.
@@ -68,12 +71,12 @@ struct Batch {
     sent: usize,
 }
 
-/// The most a write batch gathers: sixteen full records, what the splice's bulk buffer
-/// (`pump::BULK`) seals in one write. A batch starts in a read-ahead block (four records) and
-/// grows past it only when a burst brings more before the splice flushes, which only a bulk
-/// stream does; it then keeps its grown block until the connection ends, as the splice keeps
-/// its bulk buffer.
-pub const WRITE_BATCH: usize = 4 * READ_AHEAD;
+/// The most a write batch gathers: the records the splice's bulk buffer (`pump::BULK`) seals
+/// in one write, sixteen. A batch starts in a read-ahead block (four records) and grows past
+/// it only when a burst brings more before the splice flushes, which only a bulk stream does;
+/// it then keeps its grown block until the connection ends, as the splice keeps its bulk
+/// buffer.
+pub const WRITE_BATCH: usize = super::pump::BULK / super::RECORD * SEALED_RECORD;
 
 impl<S> ReadAhead<S> {
     pub fn new(inner: S) -> Self {
@@ -228,8 +231,10 @@ impl Batch {
             }
             self.sent += n;
         }
+        // A block grows by doubling, so one of twice a read-ahead block's size or more grew
+        // here, for bulk: kept for the next burst. Anything smaller is a spare's, handed back.
         if self.out.capacity() >= 2 * READ_AHEAD {
-            self.out.clear(); // grown (doubled) for bulk: kept for the next burst
+            self.out.clear();
         } else if self.out.capacity() > 0 {
             put_spare(std::mem::take(&mut self.out));
         }
