@@ -24,6 +24,8 @@ use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
+use super::pump;
+
 /// A socket that can say whether a read would find bytes, without reading (`&mut`: a buffered
 /// stream frees its buffer when the answer is no).
 pub trait ReadReady {
@@ -41,8 +43,10 @@ impl ReadReady for TcpStream {
     }
 }
 
-/// Room for one full TLS record as it travels: 16 KiB of plaintext plus header and tag.
-const SEALED_RECORD: usize = super::RECORD + 64;
+/// Room for one full TLS record as it travels: 16 KiB of plaintext (`pump::START`, one
+/// record's) plus header and tag. Taken from the splice, not the parent module, which imports
+/// this file.
+const SEALED_RECORD: usize = pump::START + 64;
 
 /// How much one `recv` may take: four full TLS records, so a bulk stream needs about one
 /// syscall per 64 KiB.
@@ -76,7 +80,7 @@ struct Batch {
 /// it only when a burst brings more before the splice flushes, which only a bulk stream does;
 /// it then keeps its grown block until the connection ends, as the splice keeps its bulk
 /// buffer.
-pub const WRITE_BATCH: usize = super::pump::BULK / super::RECORD * SEALED_RECORD;
+pub const WRITE_BATCH: usize = pump::BULK / pump::START * SEALED_RECORD;
 
 impl<S> ReadAhead<S> {
     pub fn new(inner: S) -> Self {
