@@ -13,6 +13,9 @@
 #                                                  iptables, setpriv, wrk, h2load, nginx,
 #                                                  python3)
 # AETHER_BIN picks the binary (default target/release/aether-proxy, built if missing).
+# PIN="<load> <client sidecar> <server sidecar> <apps>" pins each to a CPU list with taskset
+# (e.g. PIN="0 0 1 1": wrk, h2load or the tcp client with the client sidecar on CPU 0); which
+# processes share a core decides much of the rate on a 2-core machine (README, "What bounds g").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-10}
@@ -22,6 +25,14 @@ bin=${AETHER_BIN:-target/release/aether-proxy}
 for t in ip iptables-restore setpriv wrk h2load nginx python3; do
   command -v "$t" >/dev/null || { echo "needs $t" >&2; exit 1; }
 done
+
+pin_load=() pin_client=() pin_server=() pin_app=()
+if [ -n "${PIN:-}" ]; then
+  read -r pl pc ps pa <<<"$PIN"
+  [ -n "$pa" ] || { echo "PIN needs four CPU lists" >&2; exit 2; }
+  pin_load=(taskset -c "$pl") pin_client=(taskset -c "$pc") pin_server=(taskset -c "$ps")
+  pin_app=(taskset -c "$pa")
+fi
 
 ns=aebench-$$
 host_if=aeb$(($$ % 100000))
@@ -59,7 +70,7 @@ events { worker_connections 1024; }
 http { access_log off; server { listen 127.0.0.1:18080; keepalive_requests 1000000;
   location / { return 200 "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"; } } }
 EOF
-nginx -c "$work/nginx.conf" & pids+=($!)
+"${pin_app[@]}" nginx -c "$work/nginx.conf" & pids+=($!)
 # A tcp app that counts what it received and answers the count when the client is done.
 cat >"$work/sink.py" <<'PY'
 import socket
@@ -78,7 +89,7 @@ while True:
     c.sendall(str(n).encode())
     c.close()
 PY
-python3 "$work/sink.py" & pids+=($!)
+"${pin_app[@]}" python3 "$work/sink.py" & pids+=($!)
 cat >"$work/payments.yaml" <<EOF
 identity: { cert: $work/payments.crt, key: $work/payments.key, ca: $work/ca.crt }
 inbound:
@@ -108,10 +119,10 @@ admin: { listen: 127.0.0.1:15000 }
 catalog: { path: $work/catalog.yaml }
 EOF
 chmod -R a+rX "$work"
-"$work/aether-proxy" run --config "$work/payments.yaml" --concurrency 1 >/dev/null 2>&1 & pids+=($!)
+"${pin_server[@]}" "$work/aether-proxy" run --config "$work/payments.yaml" --concurrency 1 >/dev/null 2>&1 & pids+=($!)
 server=$!
 ip netns exec "$ns" "$work/aether-proxy" redirect --proxy-uid 1337 --apply
-ip netns exec "$ns" setpriv --reuid=1337 --regid=1337 --clear-groups \
+ip netns exec "$ns" "${pin_client[@]}" setpriv --reuid=1337 --regid=1337 --clear-groups \
   "$work/aether-proxy" run --config "$work/frontend.yaml" --concurrency 1 >/dev/null 2>&1 & pids+=($!)
 client=$!
 sleep 1
@@ -131,7 +142,7 @@ measure() { # label url extra-wrk-args...
   local label=$1 url=$2; shift 2
   local c0 c1
   c0=$(ticks "$client")
-  ip netns exec "$ns" wrk -t1 -c16 -d"${secs}s" -H 'Host: payments.aether.internal' "$@" "$url" >"$work/run.txt" 2>&1
+  ip netns exec "$ns" "${pin_load[@]}" wrk -t1 -c16 -d"${secs}s" -H 'Host: payments.aether.internal' "$@" "$url" >"$work/run.txt" 2>&1
   c1=$(ticks "$client")
   record "$label" "$(awk '/^Requests\/sec/{print $2}' "$work/run.txt")" $((c1 - c0)) \
     "$(awk '/requests in/{print $1}' "$work/run.txt")"
@@ -153,7 +164,7 @@ h2load_at() { # url kind rate seconds: into run.txt
     n=$((per * 100 * secs))
     args+=(-H 'Connection: close' -n "$n" -c "$n" -r "$per" --rate-period 10ms)
   fi
-  ip netns exec "$ns" h2load "${args[@]}" "$url" >"$work/run.txt" 2>&1 || true
+  ip netns exec "$ns" "${pin_load[@]}" h2load "${args[@]}" "$url" >"$work/run.txt" 2>&1 || true
 }
 measure_rate() { # label url kind rate
   local label=$1 url=$2 kind=$3 rate=$4 c0 c1 answered failed
@@ -231,7 +242,7 @@ PY
 bulk=${BULK_MIB:-1024}
 for _ in $(seq "$rounds"); do
   c0=$(ticks "$client"); s0=$(ticks "$server")
-  rate=$(ip netns exec "$ns" python3 "$work/send.py" "$vip" "$bulk")
+  rate=$(ip netns exec "$ns" "${pin_load[@]}" python3 "$work/send.py" "$vip" "$bulk")
   c1=$(ticks "$client"); s1=$(ticks "$server")
   awk -v r="$rate" -v c=$((c1 - c0)) -v s=$((s1 - s0)) -v hz="$hz" -v m="$bulk" \
     'BEGIN{ printf "%-34s %9s MiB/s  client %.2f s/GiB  server %.2f s/GiB\n", "captured tcp, " m " MiB", r, c/hz*1024/m, s/hz*1024/m }'
