@@ -18,7 +18,9 @@ use crate::http::limits::{KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES};
 
 mod pump;
 pub mod read_ahead;
+mod record;
 pub use read_ahead::{ReadAhead, ReadReady};
+pub use record::RECORD;
 
 /// Turns TCP keepalive on (see `limits::KEEPALIVE_IDLE`); also sets `TCP_NODELAY`, which every
 /// data socket wants. For connections this proxy dials; accepted ones inherit both from their
@@ -190,9 +192,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Tls<S> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
-
-/// The most plaintext one TLS record carries.
-pub const RECORD: usize = 16 * 1024;
 
 thread_local! {
     /// Where [`Tls::poll_write_vectored`] gathers small pieces: one per thread, not one per

@@ -18,9 +18,9 @@ use std::task::{ready, Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-/// A direction's buffer at first: one TLS record of plaintext (the parent's `RECORD`), so a
-/// TLS writer seals whole records.
-pub const START: usize = 16 * 1024;
+/// A direction's buffer at first: one TLS record of plaintext, so a TLS writer seals whole
+/// records.
+pub const START: usize = super::record::RECORD;
 
 /// What a direction's buffer grows to once a read fills it: sixteen records. Against four,
 /// a GiB through the pair costs about a quarter fewer CPU seconds on the sealing side (fewer

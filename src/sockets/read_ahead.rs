@@ -25,6 +25,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 use super::pump;
+use super::record::SEALED_RECORD;
 
 /// A socket that can say whether a read would find bytes, without reading (`&mut`: a buffered
 /// stream frees its buffer when the answer is no).
@@ -42,11 +43,6 @@ impl ReadReady for TcpStream {
         TcpStream::poll_read_ready(self, cx)
     }
 }
-
-/// Room for one full TLS record as it travels: 16 KiB of plaintext (`pump::START`, one
-/// record's) plus header and tag. Taken from the splice, not the parent module, which imports
-/// this file.
-const SEALED_RECORD: usize = pump::START + 64;
 
 /// How much one `recv` may take: four full TLS records, so a bulk stream needs about one
 /// syscall per 64 KiB.
@@ -235,9 +231,9 @@ impl Batch {
             }
             self.sent += n;
         }
-        // A block grows by doubling, so one of twice a read-ahead block's size or more grew
-        // here, for bulk: kept for the next burst. Anything smaller is a spare's, handed back.
-        if self.out.capacity() >= 2 * READ_AHEAD {
+        // A block grown to a whole batch (bulk, see `poll_write`) is kept for the next burst;
+        // a spare's is handed back.
+        if self.out.capacity() >= WRITE_BATCH {
             self.out.clear();
         } else if self.out.capacity() > 0 {
             put_spare(std::mem::take(&mut self.out));
@@ -276,6 +272,10 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for ReadAhead<S> {
         if b.out.capacity() == 0 {
             b.out = take_spare();
             b.out.reserve(READ_AHEAD);
+        }
+        if b.out.len() + buf.len() > b.out.capacity() {
+            // Only a bulk burst outgrows a read-ahead block: grow once, to a whole batch.
+            b.out.reserve(WRITE_BATCH - b.out.len());
         }
         b.out.extend_from_slice(buf);
         Poll::Ready(Ok(buf.len()))
@@ -584,23 +584,20 @@ pub(super) mod tests {
         far.read_exact(&mut got).await.unwrap();
         assert_eq!(got, record[..1000]);
 
-        // Ten records before a flush: the block grows past a read-ahead block, sends nothing
-        // before the flush, and stays with the connection after it.
-        for _ in 0..10 {
+        // Five records before a flush, more than a read-ahead block holds: the block grows at
+        // once to a whole batch (doubling would stop at half of one), sends nothing before the
+        // flush, and stays with the connection after it.
+        for _ in 0..5 {
             s.write_all(&record).await.unwrap();
         }
-        assert!(
-            batch_capacity(&s) >= 2 * READ_AHEAD,
-            "{}",
-            batch_capacity(&s)
-        );
+        assert_eq!(batch_capacity(&s), WRITE_BATCH);
         let mut probe = [0u8; 1];
         let early = tokio::time::timeout(Duration::from_millis(50), far.read(&mut probe)).await;
         assert!(early.is_err(), "the batch went out before the flush");
         s.flush().await.unwrap();
         let kept = batch_capacity(&s);
-        assert!((2 * READ_AHEAD..=WRITE_BATCH).contains(&kept), "{kept}");
-        let mut got = vec![0u8; 10 * record.len()];
+        assert_eq!(kept, WRITE_BATCH);
+        let mut got = vec![0u8; 5 * record.len()];
         far.read_exact(&mut got).await.unwrap();
         assert!(
             got.chunks(record.len()).all(|c| c == record),
