@@ -25,7 +25,7 @@ wrapper() {
   local cpus=$3
   if [ "$cpus" = side ]; then
     # A proxy is the server or the client by its config file (`*server.yaml`, `*-client.cfg`);
-    # a run without one (a config check, `--version`) is not pinned.
+    # a run without one (`--version`) is not pinned.
     cat >"$wrap/$1" <<EOF
 #!/usr/bin/env bash
 for a in "\$@"; do

@@ -590,13 +590,13 @@ pub(super) mod tests {
         for _ in 0..5 {
             s.write_all(&record).await.unwrap();
         }
-        assert_eq!(batch_capacity(&s), WRITE_BATCH);
+        assert!(batch_capacity(&s) >= WRITE_BATCH, "{}", batch_capacity(&s));
         let mut probe = [0u8; 1];
         let early = tokio::time::timeout(Duration::from_millis(50), far.read(&mut probe)).await;
         assert!(early.is_err(), "the batch went out before the flush");
         s.flush().await.unwrap();
         let kept = batch_capacity(&s);
-        assert_eq!(kept, WRITE_BATCH);
+        assert!(kept >= WRITE_BATCH, "{kept}");
         let mut got = vec![0u8; 5 * record.len()];
         far.read_exact(&mut got).await.unwrap();
         assert!(
