@@ -24,7 +24,7 @@ trap 'rm -rf "$wrap"' EXIT
 wrapper() {
   local cpus=$3
   if [ "$cpus" = side ]; then
-    # A proxy is the server or the client by its config file (`*server.yaml`, `*-client.cfg`);
+    # A proxy is the server or the client by its config file (`*server.yaml`, `*client.cfg`);
     # a run without one (`--version`) is not pinned.
     cat >"$wrap/$1" <<EOF
 #!/usr/bin/env bash
