@@ -166,15 +166,35 @@ h2load_at() { # url kind rate seconds: into run.txt
   fi
   ip netns exec "$ns" "${pin_load[@]}" h2load "${args[@]}" "$url" >"$work/run.txt" 2>&1 || true
 }
+# The client sidecar's answers other than 200, by code and error, and its breakers' refusals,
+# summed over its metrics: a run's failures are then attributed to the sidecar's own answers
+# (e.g. 503 `overflow` when a stall piles up more than a breaker admits) or, if not there, to
+# connections that ended without one.
+not_ok() {
+  ip netns exec "$ns" curl -s http://127.0.0.1:15000/metrics | awk '
+    /^aether_requests_total\{/ && !/code="200"/ { match($0, /code="[0-9]+"/); k = substr($0, RSTART, RLENGTH); n[k] += $NF }
+    /^aether_cluster_overflow_total\{/ { n["overflow"] += $NF }
+    END { for (k in n) printf "%s %d\n", k, n[k] }'
+}
 measure_rate() { # label url kind rate
-  local label=$1 url=$2 kind=$3 rate=$4 c0 c1 answered failed
+  local label=$1 url=$2 kind=$3 rate=$4 c0 c1 answered failed errored before after note
+  before=$(not_ok)
   c0=$(ticks "$client")
   h2load_at "$url" "$kind" "$rate" "$secs"
   c1=$(ticks "$client")
+  after=$(not_ok)
   # Per answered request, failed ones included: a 503 from the breaker cost the sidecar too.
   answered=$(awk '/^requests:/{print $6}' "$work/run.txt")
   failed=$(awk '/^requests:/{print $10}' "$work/run.txt")
-  record "$label" $((${answered:-0} / secs)) $((c1 - c0)) "${answered:-0}" "  (${failed:-?} failed)"
+  errored=$(awk '/^requests:/{print $12}' "$work/run.txt")
+  note="  (${failed:-?} failed, ${errored:-?} of them without an answer)"
+  if [ "${failed:-0}" != 0 ]; then
+    # h2load counts an answer other than 2xx or 3xx as failed too: say what it was.
+    note+="; $(grep '^status codes:' "$work/run.txt"); the client sidecar: $(awk 'NR == FNR {
+      b[$1] = $2; next } $2 > b[$1] { printf "%s +%d ", $1, $2 - b[$1] }' <(echo "$before") \
+      <(echo "$after"))"
+  fi
+  record "$label" $((${answered:-0} / secs)) $((c1 - c0)) "${answered:-0}" "$note"
 }
 pair() { # round how label [args...]: `how` (measure or measure_rate) on the explicit and the
   # captured path, in an order that turns each round
