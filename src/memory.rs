@@ -1,5 +1,6 @@
 //! The allocator: a larger per-thread cache of freed blocks (for speed), one malloc arena per
-//! worker thread, and freed memory given back to the system after catalog churn.
+//! worker thread, and freed memory given back to the system after catalog churn and after
+//! tunnels give back their bulk buffers.
 //!
 //! A catalog update frees the previous services and clusters while requests allocate on
 //! other threads; glibc keeps most of the freed space in per-thread arenas, so a sidecar that
@@ -25,6 +26,23 @@ pub fn trim_after_changes(store: &Arc<CatalogStore>) {
             changed.borrow_and_update();
             let _ = tokio::task::spawn_blocking(trim).await;
         }
+    });
+}
+
+/// Gives freed memory back to the system [`SETTLE`] from now, once for however many ask
+/// meanwhile: after spliced connections give back the buffers a bulk burst grew
+/// (`sockets::splice`). glibc keeps freed blocks of that size (256 KiB) in its heap, resident
+/// and counted in the pod's memory, until a trim.
+pub fn trim_soon() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static ASKED: AtomicBool = AtomicBool::new(false);
+    if ASKED.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    tokio::spawn(async {
+        tokio::time::sleep(SETTLE).await;
+        ASKED.store(false, Ordering::Relaxed);
+        let _ = tokio::task::spawn_blocking(trim).await;
     });
 }
 

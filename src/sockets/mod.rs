@@ -4,6 +4,7 @@
 //! two streams for tcp chains, CONNECT tunnels and upgraded connections, which end once no byte
 //! moves either way for `Timers::tunnel_idle`.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
@@ -91,6 +92,35 @@ impl<S: AsyncWrite + Unpin> Tls<ReadAhead<S>> {
         self.inner.get_mut().batch_writes();
     }
 }
+
+/// A stream a splice copies through. One that grew memory for a bulk burst gives it back when
+/// the splice has been quiet for [`QUIET`]; the others hold nothing to give.
+pub trait GiveBack {
+    /// Frees what was grown for bulk and is empty now; returns whether there was any.
+    fn give_back(&mut self) -> bool {
+        false
+    }
+}
+
+impl<S: AsyncWrite + Unpin> GiveBack for Tls<ReadAhead<S>> {
+    fn give_back(&mut self) -> bool {
+        self.inner.get_mut().give_back_batch()
+    }
+}
+
+impl GiveBack for TcpStream {}
+
+/// hyper's upgraded connection: whatever it holds is hyper's.
+impl<T> GiveBack for hyper_util::rt::TokioIo<T> {}
+
+impl<S: GiveBack + ?Sized> GiveBack for Touch<'_, S> {
+    fn give_back(&mut self) -> bool {
+        self.inner.give_back()
+    }
+}
+
+#[cfg(test)]
+impl GiveBack for tokio::io::DuplexStream {}
 
 impl<S> std::ops::Deref for Tls<S> {
     type Target = tokio_boring::SslStream<S>;
@@ -253,9 +283,19 @@ impl Spliced {
     }
 }
 
+/// How long a splice stays without a byte either way before it frees its copy buffers (the
+/// next byte takes a small one again) and gives back what a bulk burst grew in its streams
+/// ([`GiveBack`]). A quiet tunnel then holds no copy buffer (two records' worth, 32 KiB, were
+/// kept before) and none of the ~530 KiB a bulk burst grows on a sealing side, which a pool of
+/// tunnels would otherwise hold for good after one large answer each. Bulk that pauses for
+/// less keeps its buffers, so a stream does not reallocate (and zero) 256 KiB for every burst;
+/// once a second at most costs nothing measurable.
+pub const QUIET: Duration = Duration::from_secs(1);
+
 /// Copies bytes both ways until both sides are done (half-close respected: each write side is
 /// shut down when the other side's read ends), an error, `idle` without a byte either way
-/// (counted for `listener`), or the end of the drain (`Phase::Cut`).
+/// (counted for `listener`), or the end of the drain (`Phase::Cut`). Buffers are given back
+/// after [`QUIET`].
 pub async fn splice<A, B>(
     a: &mut A,
     b: &mut B,
@@ -264,8 +304,8 @@ pub async fn splice<A, B>(
     drain: &Drain,
 ) -> Spliced
 where
-    A: AsyncRead + AsyncWrite + Unpin + ?Sized,
-    B: AsyncRead + AsyncWrite + Unpin + ?Sized,
+    A: AsyncRead + AsyncWrite + GiveBack + Unpin + ?Sized,
+    B: AsyncRead + AsyncWrite + GiveBack + Unpin + ?Sized,
 {
     let activity = Activity::new();
     let mut a = Touch {
@@ -278,28 +318,53 @@ where
         activity: activity.clone(),
         read: 0,
     };
-    let end = {
-        let copy = pump::both(&mut a, &mut b);
-        tokio::pin!(copy);
-        let cut = Drain::reached(drain.watch(), Phase::Cut);
-        tokio::pin!(cut);
-        loop {
-            let deadline = activity.last() + idle;
-            tokio::select! {
-                r = &mut copy => break match r {
-                    Ok(_) => EndReason::Eof,
-                    Err(e) => EndReason::of(&e),
-                },
-                _ = &mut cut => break EndReason::Drain,
-                _ = tokio::time::sleep_until(deadline) => {
-                    if activity.last() + idle <= Instant::now() {
-                        crate::metrics::get().cut_off(listener, "tunnel_idle");
-                        break EndReason::IdleTimeout;
-                    }
-                }
-            }
+    let mut pumps = pump::Pumps::new();
+    let cut = Drain::reached(drain.watch(), Phase::Cut);
+    tokio::pin!(cut);
+    // One timer for both the idle end and the quiet give-back. It may fire early (bytes moved
+    // since it was set): then it is set again from the latest activity, so bytes moving never
+    // touch it.
+    let timer = tokio::time::sleep_until(activity.last() + idle);
+    tokio::pin!(timer);
+    // The activity at the last give-back: nothing to give again until bytes move.
+    let mut given_back_at = None;
+    let end = std::future::poll_fn(|cx| {
+        if let Poll::Ready(r) = pumps.poll(cx, &mut a, &mut b) {
+            return Poll::Ready(match r {
+                Ok(()) => EndReason::Eof,
+                Err(e) => EndReason::of(&e),
+            });
         }
-    };
+        if cut.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(EndReason::Drain);
+        }
+        loop {
+            let last = activity.last();
+            let quiet = (pumps.holding() && given_back_at != Some(last)).then(|| last + QUIET);
+            let wake = quiet.map_or(last + idle, |q| q.min(last + idle));
+            if wake < timer.deadline() {
+                timer.as_mut().reset(wake);
+            }
+            ready!(timer.as_mut().poll(cx));
+            let now = Instant::now();
+            if last + idle <= now {
+                crate::metrics::get().cut_off(listener, "tunnel_idle");
+                return Poll::Ready(EndReason::IdleTimeout);
+            }
+            if quiet.is_some_and(|q| q <= now) {
+                // Not `||`: every one gives back.
+                let bulk = [pumps.give_back(), a.give_back(), b.give_back()];
+                if bulk.contains(&true) {
+                    // Blocks of 256 KiB stay in glibc's heap, resident, until a trim.
+                    crate::memory::trim_soon();
+                }
+                given_back_at = Some(last);
+            }
+            // Set again from the latest activity.
+            timer.as_mut().reset(activity.last() + idle);
+        }
+    })
+    .await;
     Spliced {
         received: a.read,
         sent: b.read,
@@ -536,6 +601,63 @@ mod tests {
         assert_eq!(r.end, EndReason::IdleTimeout);
         assert_eq!((r.received, r.sent), (3, 3));
         assert!(took >= idle * 3 + idle, "took {took:?}");
+    }
+
+    #[tokio::test]
+    async fn a_quiet_splice_gives_back_what_bulk_grew() {
+        // Bulk from a plain socket through a splice into our TLS stream, which seals it in
+        // batches. Stopped right after the bulk, the TLS side's batch still holds the block it
+        // grew (bulk may go on); left quiet for `QUIET`, the splice has given it back.
+        for quiet in [false, true] {
+            let (mut tls, mut peer) = tls_pair().await;
+            tls.batch_writes();
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let mut app = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+            let (mut near, _) = l.accept().await.unwrap();
+            let blob = vec![5u8; 4 * read_ahead::WRITE_BATCH];
+            let n = blob.len();
+            // Both ends stay open after the bulk, so the splice does not end.
+            let sender = tokio::spawn(async move {
+                app.write_all(&blob).await.unwrap();
+                app
+            });
+            let reader = tokio::spawn(async move {
+                let mut got = vec![0u8; n];
+                peer.read_exact(&mut got).await.unwrap();
+                (got, peer)
+            });
+            let drain = Drain::default();
+            let idle = Duration::from_secs(30);
+            let _peer = {
+                let spliced = splice(&mut near, &mut tls, idle, "inbound", &drain);
+                tokio::pin!(spliced);
+                let (got, peer) = tokio::select! {
+                    r = &mut spliced => panic!("the splice ended: {r:?}"),
+                    r = reader => r.unwrap(),
+                };
+                assert!(got.iter().all(|&b| b == 5), "the bulk arrives whole");
+                let wait = if quiet {
+                    QUIET + Duration::from_millis(300)
+                } else {
+                    Duration::from_millis(10)
+                };
+                tokio::select! {
+                    r = &mut spliced => panic!("the splice ended: {r:?}"),
+                    _ = tokio::time::sleep(wait) => {}
+                }
+                peer
+            };
+            let kept = read_ahead::tests::batch_capacity(tls.get_ref());
+            if quiet {
+                assert_eq!(kept, 0, "given back after a quiet second");
+            } else {
+                assert!(
+                    kept >= read_ahead::WRITE_BATCH,
+                    "grown for the bulk: {kept}"
+                );
+            }
+            drop(sender.await.unwrap());
+        }
     }
 
     #[tokio::test]

@@ -6,8 +6,11 @@
 //! reads up to 128 KiB per `readv` there. A direction whose read fills its whole buffer is
 //! moving bulk data, so its buffer grows (once) to [`BULK`]: from then on one read (and, with the
 //! TLS stream taking every record already received, one write of plaintext) moves up to
-//! 256 KiB. A direction that never fills its buffer keeps the small one, and an idle connection
-//! holds two records' worth, as before.
+//! 256 KiB. A direction that never fills its buffer keeps the small one. A grown buffer is kept
+//! while bulk keeps coming (growing it for each burst would allocate and zero 256 KiB each
+//! time). Once the splice has been quiet for a while, each direction frees its buffer, small or
+//! grown ([`Pumps::give_back`], called by `sockets::splice`), and the next read takes a small
+//! one again: a quiet tunnel holds no copy buffer at all.
 //!
 //! The shape follows tokio's `copy_bidirectional`: a direction at end of stream flushes, shuts
 //! its writer down (a half-close passes through) and is done; the copy ends when both are.
@@ -67,6 +70,10 @@ impl Pump {
     {
         while !self.eof {
             if self.pos == self.end {
+                if self.buf.is_empty() {
+                    // Given back while the connection was quiet.
+                    self.buf = vec![0; START].into_boxed_slice();
+                }
                 let mut into = ReadBuf::new(&mut self.buf);
                 match Pin::new(&mut *r).poll_read(cx, &mut into) {
                     Poll::Pending => {
@@ -107,6 +114,17 @@ impl Pump {
         Poll::Ready(Ok(()))
     }
 
+    /// Frees the buffer if nothing waits in it (the next read takes a new one of one record);
+    /// returns whether it had grown for bulk.
+    fn give_back(&mut self) -> bool {
+        if self.pos != self.end {
+            return false;
+        }
+        let grown = self.buf.len() > START;
+        (self.buf, self.pos, self.end) = (Box::default(), 0, 0);
+        grown
+    }
+
     /// The bytes waiting to be written move to a buffer of [`BULK`] bytes.
     fn grow(&mut self) {
         let mut bigger = vec![0; BULK].into_boxed_slice();
@@ -121,21 +139,52 @@ impl Pump {
     }
 }
 
-/// Copies `a` to `b` and `b` to `a` until both directions have ended, or an error on either.
-pub async fn both<A, B>(a: &mut A, b: &mut B) -> io::Result<()>
-where
-    A: AsyncRead + AsyncWrite + Unpin + ?Sized,
-    B: AsyncRead + AsyncWrite + Unpin + ?Sized,
-{
-    let (mut ab, mut ba) = (Pump::new(), Pump::new());
-    std::future::poll_fn(|cx| {
-        let there = ab.poll_direction(cx, a, b)?;
-        let back = ba.poll_direction(cx, b, a)?;
+/// Both directions of a splice: `a` to `b` ("there") and `b` to `a` ("back").
+pub struct Pumps {
+    there: Pump,
+    back: Pump,
+}
+
+impl Pumps {
+    pub fn new() -> Pumps {
+        Pumps {
+            there: Pump::new(),
+            back: Pump::new(),
+        }
+    }
+
+    /// Copies `a` to `b` and `b` to `a`: `Ready` once both directions have ended, or at an
+    /// error on either.
+    pub fn poll<A, B>(&mut self, cx: &mut Context<'_>, a: &mut A, b: &mut B) -> Poll<io::Result<()>>
+    where
+        A: AsyncRead + AsyncWrite + Unpin + ?Sized,
+        B: AsyncRead + AsyncWrite + Unpin + ?Sized,
+    {
+        let there = self.there.poll_direction(cx, a, b)?;
+        let back = self.back.poll_direction(cx, b, a)?;
         ready!(there);
         ready!(back);
         Poll::Ready(Ok(()))
-    })
-    .await
+    }
+
+    /// Whether a direction holds a buffer.
+    pub fn holding(&self) -> bool {
+        !self.there.buf.is_empty() || !self.back.buf.is_empty()
+    }
+
+    /// Each direction frees its buffer unless bytes still wait in it; returns whether one of
+    /// them had grown for bulk.
+    pub fn give_back(&mut self) -> bool {
+        let there = self.there.give_back();
+        let back = self.back.give_back();
+        there || back
+    }
+}
+
+impl Default for Pumps {
+    fn default() -> Self {
+        Pumps::new()
+    }
 }
 
 #[cfg(test)]
@@ -185,6 +234,47 @@ mod tests {
             "bytes arrive whole and in order"
         );
         assert_eq!(p.capacity(), 0, "a finished direction gives its buffer up");
+    }
+
+    #[tokio::test]
+    async fn a_buffer_is_given_back_only_when_empty_and_taken_again_by_the_next_read() {
+        let (mut src, mut near) = tokio::io::duplex(BULK * 4);
+        // The far side takes one record, so most of a bulk read waits in the buffer.
+        let (mut far, mut dst) = tokio::io::duplex(START);
+        src.write_all(&vec![3u8; 2 * START]).await.unwrap();
+        let mut p = Pumps::new();
+        let mut poll_once = |p: &mut Pumps| {
+            let cx = &mut Context::from_waker(std::task::Waker::noop());
+            let _ = p.there.poll_direction(cx, &mut near, &mut far);
+        };
+        poll_once(&mut p);
+        assert_eq!(p.there.capacity(), BULK, "a full read grows the buffer");
+        assert!(!p.give_back(), "bytes wait in the grown one");
+        assert_eq!(p.there.capacity(), BULK, "so it is kept");
+        assert_eq!(p.back.capacity(), 0, "the unused direction's is freed");
+
+        // Once the far side has taken everything, the grown buffer is freed too.
+        let mut got = vec![0u8; 2 * START];
+        let reader = tokio::spawn(async move {
+            dst.read_exact(&mut got).await.unwrap();
+            (got, dst)
+        });
+        while p.there.pos != p.there.end {
+            poll_once(&mut p);
+            tokio::task::yield_now().await;
+        }
+        let (got, mut dst) = reader.await.unwrap();
+        assert!(got.iter().all(|&b| b == 3));
+        assert!(p.give_back(), "it had grown for bulk");
+        assert!(!p.holding());
+
+        // The next bytes are read into a new buffer of one record.
+        src.write_all(b"again").await.unwrap();
+        poll_once(&mut p);
+        assert_eq!(p.there.capacity(), START);
+        let mut again = [0u8; 5];
+        dst.read_exact(&mut again).await.unwrap();
+        assert_eq!(&again, b"again");
     }
 
     #[tokio::test]

@@ -74,8 +74,8 @@ struct Batch {
 /// The most a write batch gathers: the records the splice's bulk buffer (`pump::BULK`) seals
 /// in one write, sixteen. A batch starts in a read-ahead block (four records) and grows past
 /// it only when a burst brings more before the splice flushes, which only a bulk stream does;
-/// it then keeps its grown block until the connection ends, as the splice keeps its bulk
-/// buffer.
+/// it then keeps its grown block while bulk keeps coming, as the splice keeps its bulk buffer,
+/// and gives it back when the splice goes quiet ([`ReadAhead::give_back_batch`]).
 pub const WRITE_BATCH: usize = pump::BULK / pump::START * SEALED_RECORD;
 
 impl<S> ReadAhead<S> {
@@ -100,6 +100,20 @@ impl<S> ReadAhead<S> {
 
     pub fn get_ref(&self) -> &S {
         &self.inner
+    }
+
+    /// Frees a write batch's block grown for bulk, unless bytes still wait in it: called by the
+    /// splice once it has been quiet for a while, so a tunnel that moved bulk once does not keep
+    /// 256 KiB for the rest of its life.
+    /// Returns whether it did.
+    pub fn give_back_batch(&mut self) -> bool {
+        match self.batch.as_mut() {
+            Some(b) if b.out.is_empty() && b.out.capacity() >= WRITE_BATCH => {
+                b.out = BytesMut::new();
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Bytes read from the socket and not yet handed on.
@@ -560,7 +574,7 @@ pub(super) mod tests {
     }
 
     /// The batch's block as it stands: its capacity, 0 when it went back to the spares.
-    fn batch_capacity<S>(s: &ReadAhead<S>) -> usize {
+    pub(in crate::sockets) fn batch_capacity<S>(s: &ReadAhead<S>) -> usize {
         s.batch.as_ref().map_or(0, |b| b.out.capacity())
     }
 
@@ -618,5 +632,31 @@ pub(super) mod tests {
         far.read_to_end(&mut all).await.unwrap();
         assert_eq!(all.len(), 40 * record.len());
         assert!(all.chunks(record.len()).all(|c| c == record));
+    }
+
+    #[tokio::test]
+    async fn a_grown_batch_is_given_back_once_sent() {
+        let (near, mut far) = tokio::io::duplex(4 * WRITE_BATCH);
+        let mut s = ReadAhead::new(near);
+        s.batch_writes();
+        let record = vec![9u8; crate::sockets::RECORD + 22];
+        for _ in 0..5 {
+            s.write_all(&record).await.unwrap();
+        }
+        assert!(batch_capacity(&s) >= WRITE_BATCH);
+        assert!(!s.give_back_batch());
+        assert!(
+            batch_capacity(&s) >= WRITE_BATCH,
+            "records still wait in it: kept"
+        );
+        s.flush().await.unwrap();
+        assert!(s.give_back_batch());
+        assert_eq!(batch_capacity(&s), 0, "sent: given back");
+        // Writes go on as before, from a read-ahead block.
+        s.write_all(&record).await.unwrap();
+        s.flush().await.unwrap();
+        let mut got = vec![0u8; 6 * record.len()];
+        far.read_exact(&mut got).await.unwrap();
+        assert!(got.iter().all(|&b| b == 9));
     }
 }
