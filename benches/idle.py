@@ -1,11 +1,14 @@
 """Opens idle downstream connections to an outbound listener and keeps them open.
 
-    python3 benches/idle.py HOST:PORT AUTHORITY COUNT h1|h2
+    python3 benches/idle.py HOST:PORT AUTHORITY COUNT h1|h2|tcp:KIB
 
 Each connection makes one request first, so the proxy has built everything a used connection
 holds (HTTP/1 buffers, or the h2 connection with its HPACK tables and windows), then stays
-idle. Prints "open N" once all are answered, then waits for stdin to close, then prints how
-many the proxy had closed meanwhile. Loopback only.
+idle. With tcp:KIB, each is a CONNECT tunnel to AUTHORITY (a tcp port) that first sends KIB
+KiB through it and waits for the app's one-byte acknowledgement (`benches/idle.sh` runs such
+an app), so the sidecars have grown what bulk grows. Prints "open N" once all are answered,
+then waits for stdin to close, then prints how many the proxy had closed meanwhile. Loopback
+only.
 """
 
 import asyncio
@@ -28,7 +31,14 @@ def h2_request(authority):
 
 async def one(host, port, authority, proto):
     r, w = await asyncio.open_connection(host, port)
-    if proto == "h1":
+    if proto.startswith("tcp:"):
+        w.write(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode())
+        head = await r.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), head[:64]
+        w.write(b"\xab" * (int(proto[4:]) * 1024))
+        await w.drain()
+        assert await r.readexactly(1) == b"k"
+    elif proto == "h1":
         w.write(f"GET / HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode())
         head = await r.readuntil(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200"), head[:64]
@@ -60,8 +70,10 @@ async def main():
     host, port = sys.argv[1].rsplit(":", 1)
     authority, count, proto = sys.argv[2], int(sys.argv[3]), sys.argv[4]
     conns = []
-    for start in range(0, count, 200):
-        batch = [one(host, int(port), authority, proto) for _ in range(min(200, count - start))]
+    # Bulk tunnels a few at a time, so each one's transfer is a burst the sidecars read in full.
+    step = 8 if proto.startswith("tcp:") else 200
+    for start in range(0, count, step):
+        batch = [one(host, int(port), authority, proto) for _ in range(min(step, count - start))]
         conns += await asyncio.gather(*batch)
     print("open", len(conns), flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
