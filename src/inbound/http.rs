@@ -243,7 +243,17 @@ impl HttpChains {
             Some(c) => c,
             None => self.connect_app(port, to_h2).await?,
         };
-        let (mut resp, stream) = match self.app_pool.send(&key, sender, req, 0).await {
+        let sent = match self.app_pool.send(&key, sender, req, 0).await {
+            // A pooled connection the app had closed (its keep-alive timeout, or an app short
+            // of connections closing idle ones) hands the request back unsent: it goes again,
+            // once, on a new connection. Only a port that does not answer is `app-unavailable`.
+            Err(SendError::NotSent(req)) => {
+                let fresh = self.connect_app(port, to_h2).await?;
+                self.app_pool.send(&key, fresh, req, 0).await
+            }
+            sent => sent,
+        };
+        let (mut resp, stream) = match sent {
             Ok(r) => r,
             Err(SendError::NotSent(_)) => return Err(Reason::AppUnavailable),
             Err(SendError::Failed(e)) => {
