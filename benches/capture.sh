@@ -66,9 +66,10 @@ ip -n "$ns" route add default via 10.250.254.2
 # app is never what limits the rate; Python's http.server stalls on delayed ACKs). nginx takes
 # more connections than the client sidecar's request breaker lets through (1024): at nginx's
 # usual 1024, a rate the pair could not keep up with piled up enough requests for nginx to
-# refuse connections, the server sidecar answered 503, and five of those made the client
-# sidecar eject the service's only endpoint (outlier detection), failing every request of the
-# runs after it for 30 s and then 60 s.
+# close idle connections to make room, the server sidecar then answered 503 `app-unavailable`
+# for requests handed to those (it sends them again on a new connection since), and five of
+# those made the client sidecar eject the service's only endpoint (outlier detection),
+# failing every request of the runs after it for 30 s and then 60 s.
 cat >"$work/nginx.conf" <<EOF
 worker_processes 1; daemon off; pid $work/nginx.pid; error_log $work/nginx.err;
 worker_rlimit_nofile 16384; events { worker_connections 8192; }
