@@ -232,16 +232,17 @@ for round in $(seq "$rounds"); do
     rate=$(slower_rate "$kind")
     # Two unrecorded seconds at that rate first (a step from wrk's 16 connections makes the
     # sidecars open upstream connections; its first half second can be slow enough for the
-    # breaker to answer some 503s), then two more that must be answered in full. A rate the
+    # breaker to answer some 503s), then a run as long as a measured one that must be answered
+    # in full (two seconds were not enough to find stalls that come every few). A rate the
     # pair cannot keep up with piles requests up until the client sidecar's request breaker
     # answers 503 `overflow` (h2load counts them failed), and the CPU per request then measures
     # the overload, not the path. h2load opening connections at a rate costs the machine more
     # than wrk's closed loop, so 80% of that loop can be too much (on one machine a fifth of the
     # requests of a new connection per request were refused): the rate steps down by a fifth
-    # until two seconds of it are answered in full.
+    # until a run of it is answered in full.
     h2load_at "http://127.0.0.1:15001/" "$kind" "$rate" 2
     for _ in 1 2 3 4; do
-      h2load_at "http://127.0.0.1:15001/" "$kind" "$rate" 2
+      h2load_at "http://127.0.0.1:15001/" "$kind" "$rate" "$secs"
       [ "$(awk '/^requests:/{print $10}' "$work/run.txt")" = 0 ] && break
       rate=$((rate * 4 / 5))
     done
