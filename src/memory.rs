@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use crate::catalog::CatalogStore;
 
-/// How long after a catalog change the trim waits for more changes to gather.
+/// How long a trim waits after it is asked for, so that the changes (or give-backs) meanwhile
+/// gather into one.
 const SETTLE: Duration = Duration::from_secs(1);
 
 /// Trims the allocator after catalog changes, for the life of the store.
@@ -22,17 +23,15 @@ pub fn trim_after_changes(store: &Arc<CatalogStore>) {
     let mut changed = store.subscribe();
     tokio::spawn(async move {
         while changed.changed().await.is_ok() {
-            tokio::time::sleep(SETTLE).await;
-            changed.borrow_and_update();
-            let _ = tokio::task::spawn_blocking(trim).await;
+            trim_soon();
         }
     });
 }
 
 /// Gives freed memory back to the system [`SETTLE`] from now, once for however many ask
-/// meanwhile: after spliced connections give back the buffers a bulk burst grew
-/// (`sockets::splice`). glibc keeps freed blocks of that size (256 KiB) in its heap, resident
-/// and counted in the pod's memory, until a trim.
+/// meanwhile: after catalog changes, and after spliced connections give back the buffers a
+/// bulk burst grew (`sockets::splice`; glibc keeps freed blocks of that size, 256 KiB, in its
+/// heap, resident and counted in the pod's memory, until a trim).
 pub fn trim_soon() {
     use std::sync::atomic::{AtomicBool, Ordering};
     static ASKED: AtomicBool = AtomicBool::new(false);

@@ -661,6 +661,34 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_idle_end_comes_on_time_after_a_quiet_give_back() {
+        // An idle time longer than QUIET, as every real one is: the quiet give-back comes
+        // first and must neither end the splice nor push its idle end away.
+        let idle = QUIET + Duration::from_millis(500);
+        let (mut a, mut a_peer) = tokio::io::duplex(1024);
+        let (mut b, mut b_peer) = tokio::io::duplex(1024);
+        let drain = Drain::default();
+        let start = std::time::Instant::now();
+        let task =
+            tokio::spawn(async move { splice(&mut a, &mut b, idle, "inbound", &drain).await });
+        a_peer.write_all(b"x").await.unwrap();
+        let mut one = [0u8; 1];
+        b_peer.read_exact(&mut one).await.unwrap();
+        tokio::time::sleep(QUIET + Duration::from_millis(200)).await;
+        assert!(!task.is_finished(), "ended at the give-back");
+        // Bytes still move after the give-back, on new buffers.
+        b_peer.write_all(b"y").await.unwrap();
+        a_peer.read_exact(&mut one).await.unwrap();
+        assert_eq!(&one, b"y");
+        let moved = start.elapsed();
+        let r = tokio::time::timeout(idle * 2, task).await.unwrap().unwrap();
+        let took = start.elapsed() - moved;
+        assert_eq!(r.end, EndReason::IdleTimeout);
+        assert_eq!((r.received, r.sent), (1, 1));
+        assert!(took >= idle - Duration::from_millis(50), "took {took:?}");
+    }
+
+    #[tokio::test]
     async fn a_splice_reports_bytes_and_why_it_ended() {
         let idle = Duration::from_secs(30);
         // Both sides finish: eof, with the payload counted per side.

@@ -104,8 +104,7 @@ impl<S> ReadAhead<S> {
 
     /// Frees a write batch's block grown for bulk, unless bytes still wait in it: called by the
     /// splice once it has been quiet for a while, so a tunnel that moved bulk once does not keep
-    /// 256 KiB for the rest of its life.
-    /// Returns whether it did.
+    /// 256 KiB for the rest of its life. Returns whether it did.
     pub fn give_back_batch(&mut self) -> bool {
         match self.batch.as_mut() {
             Some(b) if b.out.is_empty() && b.out.capacity() >= WRITE_BATCH => {
