@@ -78,6 +78,9 @@ pub struct OverflowLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RetryLabels {
+    /// `outbound`: a retry to the destination service's endpoints; `inbound`: a request sent
+    /// to the app again on a new connection (`service` is then this workload's own).
+    pub direction: Direction,
     pub service: String,
     pub port: u16,
     /// Why the attempt before failed: `connect-failure`, `pool-closed`, `refused`, `reset`.
@@ -192,7 +195,7 @@ impl Metrics {
         let retries = Family::<RetryLabels, Counter>::default();
         registry.register(
             "aether_retries",
-            "Outbound requests sent again to another endpoint, by why the attempt before failed",
+            "Requests sent again (outbound: to another endpoint; inbound: to the app on a new connection), by why the attempt before failed",
             retries.clone(),
         );
         let connections_rejected = Family::<RejectedLabels, Counter>::default();
@@ -411,9 +414,10 @@ impl Metrics {
             .inc();
     }
 
-    pub fn retry(&self, service: &str, port: u16, reason: &'static str) {
+    pub fn retry(&self, direction: Direction, service: &str, port: u16, reason: &'static str) {
         self.retries
             .get_or_create(&RetryLabels {
+                direction,
                 service: service.to_string(),
                 port,
                 reason,

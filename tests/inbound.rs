@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::inbound::*;
-use common::mesh::{FRONTEND, ORDERS, PAYMENTS, TD};
+use common::mesh::{metric_sum, FRONTEND, ORDERS, PAYMENTS, TD};
 use common::*;
 use http::{Request, StatusCode};
 use http_body_util::Full;
@@ -750,6 +750,128 @@ async fn a_pooled_app_connection_the_app_closed_is_not_a_503() {
     assert_eq!(statuses.get(&503), None, "{statuses:?}");
     let n = accepted.load(std::sync::atomic::Ordering::Relaxed);
     assert!(n >= 200, "the closed connections were replaced: {n}");
+    let again = metric_sum(
+        &pod.proxy,
+        "aether_retries_total",
+        &["direction=\"inbound\"", "reason=\"pool-closed\""],
+    )
+    .await;
+    assert!(again >= 1.0, "the requests sent again are counted: {again}");
+}
+
+/// An HTTP/1.1 app whose keep-alive connections close as the next request arrives: it answers
+/// the first request on each connection with keep-alive, then reads the next request and closes
+/// without answering, as an app does whose idle timeout fires just as a request comes in.
+/// Records the request lines it read, answered or not.
+async fn app_closing_under_the_second_request(
+    addr: std::net::SocketAddr,
+) -> std::sync::Arc<std::sync::Mutex<Vec<String>>> {
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let log = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            let log = log.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                for answered in [true, false] {
+                    let mut chunk = [0u8; 4096];
+                    let end = loop {
+                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                        match tcp.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_string();
+                    log.lock()
+                        .unwrap()
+                        .push(head.lines().next().unwrap_or("").to_string());
+                    let length: usize = head
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length:")
+                                .map(|v| v.trim().parse().unwrap())
+                        })
+                        .unwrap_or(0);
+                    while buf.len() < end + length {
+                        match tcp.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    buf.drain(..end + length);
+                    if answered {
+                        let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                        if tcp.write_all(answer).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotent_request_the_app_closed_under_goes_again() {
+    // Each request below goes on a pooled connection that sat idle (longer than the sidecar's
+    // 100 ms before it keeps a copy), and the app closes that connection having read the
+    // request, before any answer byte. A GET goes again on a new connection and is answered; a
+    // POST or a PUT with a body may have been acted on, or cannot be sent twice: 502.
+    let pod = Pod::start().await;
+    let seen = app_closing_under_the_second_request(pod.net.app(6060)).await;
+    let mut c = pod.h1_as("frontend", "6060").await;
+    let send = |method: &str, path: &str, body: &'static [u8]| {
+        Request::builder()
+            .method(method)
+            .uri(format!("http://payments.aether.internal{path}"))
+            .body(Full::new(Bytes::from_static(body)))
+            .unwrap()
+    };
+    let idle = Duration::from_millis(300);
+    let r = c.send(send("GET", "/first", b"")).await.unwrap();
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    tokio::time::sleep(idle).await;
+    let r = c.send(send("GET", "/again", b"")).await.unwrap();
+    assert_eq!(r.status, StatusCode::OK, "the GET went again: {r:?}");
+    tokio::time::sleep(idle).await;
+    let r = c.send(send("POST", "/posted", b"")).await.unwrap();
+    assert_proxy_error(&r, 502, "upstream-protocol-error");
+    let r = c.send(send("GET", "/fresh", b"")).await.unwrap();
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    tokio::time::sleep(idle).await;
+    let r = c.send(send("PUT", "/put", b"a body")).await.unwrap();
+    assert_proxy_error(&r, 502, "upstream-protocol-error");
+    let lines = seen.lock().unwrap().clone();
+    assert_eq!(
+        lines,
+        [
+            "GET /first HTTP/1.1",
+            "GET /again HTTP/1.1",
+            "GET /again HTTP/1.1",
+            "POST /posted HTTP/1.1",
+            "GET /fresh HTTP/1.1",
+            "PUT /put HTTP/1.1",
+        ],
+        "what the app read, in order"
+    );
+    let retries = |reason: &'static str| {
+        let proxy = &pod.proxy;
+        async move {
+            metric_sum(
+                proxy,
+                "aether_retries_total",
+                &["direction=\"inbound\"", &format!("reason=\"{reason}\"")],
+            )
+            .await
+        }
+    };
+    assert_eq!(retries("reset").await, 1.0);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@
 use std::convert::Infallible;
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::{HeaderValue, Request, Response};
 use http_body_util::{Either, Full};
@@ -26,7 +27,13 @@ use crate::http::server::{
 use crate::identity::SpiffeId;
 use crate::metrics::Direction;
 use crate::outbound::pool::{self, Conn, Pool, SendError, StreamGuard};
+use crate::outbound::retry::{self, Resend};
 use crate::outbound::{tunnel, upgrade};
+
+/// How long a pooled HTTP/1.1 app connection must have sat idle before a request sent on it
+/// keeps a copy of its head to go again. Apps close idle connections after a second or more
+/// (Node.js 5 s, gunicorn 2 s, nginx 75 s); a connection in steady use is idle for far less.
+const RESEND_AFTER_IDLE: Duration = Duration::from_millis(100);
 
 /// What every HTTP chain shares: the app it forwards to and the servers it speaks with.
 pub struct HttpChains {
@@ -239,16 +246,45 @@ impl HttpChains {
         }
         headers::retarget(&mut req, to_h2, authority)?;
         let key = (port, to_h2);
-        let sender = match self.app_pool.get(&key, 0) {
+        let (sender, idle) = match self.app_pool.get_with_idle(&key, 0) {
             Some(c) => c,
-            None => self.connect_app(port, to_h2).await?,
+            None => (self.connect_app(port, to_h2).await?, Duration::ZERO),
+        };
+        // An HTTP/1.1 connection that sat idle may be closing at the app's end (its keep-alive
+        // timeout) as the request is written to it: the app never reads it, and no answer
+        // comes. An idempotent request without a body may then go again (RFC 9112 section
+        // 9.3.1), so its head is copied first; only after an idle spell, which no loaded
+        // connection has, so requests under load copy nothing.
+        let resend = match sender {
+            Conn::H1(..) if idle >= RESEND_AFTER_IDLE && retry::idempotent(req.method()) => {
+                Resend::of(&req)
+            }
+            _ => None,
+        };
+        let again = |why: &'static str| {
+            crate::metrics::get().retry(Direction::inbound, &self.service_label, port, why);
         };
         let sent = match self.app_pool.send(&key, sender, req, 0).await {
             // A pooled connection the app had closed (its keep-alive timeout, or an app short
             // of connections closing idle ones) hands the request back unsent: it goes again,
             // once, on a new connection. Only a port that does not answer is `app-unavailable`.
             Err(SendError::NotSent(req)) => {
+                again("pool-closed");
                 let fresh = self.connect_app(port, to_h2).await?;
+                self.app_pool.send(&key, fresh, req, 0).await
+            }
+            Err(SendError::Failed(e))
+                if resend
+                    .as_ref()
+                    .is_some_and(|r| r.allowed_after(retry::classify(&e))) =>
+            {
+                tracing::debug!(
+                    port,
+                    "inbound: the app closed under the request ({e}), again"
+                );
+                again("reset");
+                let fresh = self.connect_app(port, to_h2).await?;
+                let req = Box::new(resend.expect("checked").into_request());
                 self.app_pool.send(&key, fresh, req, 0).await
             }
             sent => sent,

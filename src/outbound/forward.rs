@@ -79,7 +79,12 @@ async fn attempts(
     for _ in 0..=MAX_RETRIES {
         let ep = tries.next()?;
         if let Some(why) = retrying.take() {
-            crate::metrics::get().retry(&cluster.service.name, cluster.port, why);
+            crate::metrics::get().retry(
+                crate::metrics::Direction::outbound,
+                &cluster.service.name,
+                cluster.port,
+                why,
+            );
         }
         let active = ActiveGuard::new(ep.clone());
         let key = up.key(cluster, ep.address, h2_first, src);

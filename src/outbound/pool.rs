@@ -186,6 +186,12 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
 
     /// A pooled connection for `key`, if one is usable now. `max_uses` 0 means unlimited.
     pub fn get(&self, key: &K, max_uses: u32) -> Option<Conn> {
+        self.get_with_idle(key, max_uses).map(|(c, _)| c)
+    }
+
+    /// As `get`, with how long an HTTP/1.1 connection sat in the pool (zero for HTTP/2): the
+    /// longer, the likelier its peer is closing it for idleness just as a request goes out.
+    pub fn get_with_idle(&self, key: &K, max_uses: u32) -> Option<(Conn, Duration)> {
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         let slot = map.get_mut(key)?;
         slot.h2.retain(|(h2, _, _)| !h2.is_closed());
@@ -203,12 +209,13 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
                 // Its streams finish; new requests get a new connection.
                 slot.h2.swap_remove(i);
             }
-            return Some(conn);
+            return Some((conn, Duration::ZERO));
         }
         let now = Instant::now();
         while let Some((h1, since, uses)) = slot.h1.pop() {
-            if h1.is_ready() && now.duration_since(since) < IDLE_TIMEOUT {
-                return Some(Conn::H1(h1, uses));
+            let idle = now.duration_since(since);
+            if h1.is_ready() && idle < IDLE_TIMEOUT {
+                return Some((Conn::H1(h1, uses), idle));
             }
         }
         None
