@@ -173,6 +173,9 @@ pub fn main(path: &Path, concurrency: Option<usize>) -> ExitCode {
     code
 }
 
+/// Asked of `listen(2)`; the kernel caps it at `net.core.somaxconn`.
+const LISTEN_BACKLOG: u32 = 65535;
+
 async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, StartError> {
     let err = |step| {
         move |source| StartError::Listener {
@@ -191,7 +194,11 @@ async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, Start
     // Accepted connections inherit these: the data path sets nothing per connection.
     crate::sockets::tune_listener(&sock);
     sock.bind(addr).map_err(err("cannot bind"))?;
-    sock.listen(1024).map_err(err("cannot listen"))
+    // The kernel takes the smaller of this and `net.core.somaxconn` (4096 by default), so the
+    // node's setting decides the accept queue, as with Envoy: a burst of new connections
+    // (a client opening thousands a second) then queues instead of overflowing into SYN
+    // cookies, which 1024 did under such a burst.
+    sock.listen(LISTEN_BACKLOG).map_err(err("cannot listen"))
 }
 
 /// With `dns.ipv6`, the pod's ip6tables rules redirect IPv6 connections to `[::1]` on the

@@ -282,6 +282,32 @@ async fn a_listener_closes_connections_past_its_cap() {
     assert_app_ok(&r, 8080, "a freed place admits a new connection");
 }
 
+/// The data listeners' accept queues are as long as the node allows (`net.core.somaxconn`, as
+/// Envoy's are), so a burst of connects waits there instead of overflowing into SYN cookies.
+/// Read with `ss`, whose Send-Q column is a listening socket's queue length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listeners_queue_as_many_connections_as_the_node_allows() {
+    let m = OnePodMesh::start().await;
+    let somaxconn: u32 = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    for addr in [m.outbound(), m.server_pod.inbound()] {
+        let out = std::process::Command::new("ss")
+            .args(["-Hltn", "src", &addr.to_string()])
+            .output()
+            .expect("ss (iproute2) runs");
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let queue: u32 = text
+            .split_whitespace()
+            .nth(2)
+            .and_then(|q| q.parse().ok())
+            .unwrap_or_else(|| panic!("{addr}: no listening socket in {text:?}"));
+        assert_eq!(queue, somaxconn.min(65535), "{addr}: {text}");
+    }
+}
+
 /// `limits.max_pending_handshakes: 4` on a server pod: a fifth silent connection to :15008
 /// closes the OLDEST silent one (not the newest, not the others); a real peer still gets
 /// through while silent connections keep arriving; each eviction is counted.
