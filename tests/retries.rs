@@ -331,3 +331,93 @@ async fn a_pooled_connection_that_died_does_not_bring_the_request_back_to_its_po
         "no second connection to the same pod"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// A server sidecar whose app is down
+// ---------------------------------------------------------------------------------------------
+
+/// The client pod, a `payments` pod in its zone whose port 8080 is served by `first_app` (or by
+/// nothing), and a live pod elsewhere; returned with the first pod's sidecar.
+async fn with_first_pod(first_app: Option<fn(std::net::SocketAddr)>) -> (Mesh, Proxy) {
+    let net = Net::fresh();
+    let certs = certs();
+    let ports = ["{ port: 8080, protocol: auto }"];
+    let first = net.pod(1);
+    if let Some(start) = first_app {
+        start(first.app(8080));
+    }
+    let first_proxy = server_proxy(&certs, first, "payments", &ports).await;
+    let live = net.pod(8);
+    let app = HttpApp::auto(live.app(8080)).await;
+    let live_proxy = server_proxy(&certs, live, "payments", &ports).await;
+    let eps = [
+        endpoint_in(first.proxy_ip(), HERE),
+        endpoint_in(live.proxy_ip(), ELSEWHERE),
+    ];
+    let cat = catalog(&[service("payments", &certs.spiffe_id(PAYMENTS), "", &eps)]);
+    let client = client_proxy(&certs, net.pod(0), &cat, &format!("locality: {HERE}\n")).await;
+    let m = Mesh {
+        client,
+        rogues: Vec::new(),
+        app: Some(app),
+        _live: Some(live_proxy),
+        net,
+    };
+    (m, first_proxy)
+}
+
+/// A pod whose app is down answers 503 `app-unavailable`: no app saw the request, so the client
+/// sidecar sends it to another pod as it does a refused stream (any method, no body). A request
+/// with a body cannot go again: the pod's 503 comes back as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_whose_app_is_down_sends_the_request_elsewhere() {
+    let (m, _down) = with_first_pod(None).await;
+    let r = send_h1(&m, request("GET", "/down/get", b"")).await.unwrap();
+    assert_app_ok(&r, 8080, "GET to a pod whose app is down");
+    let r = send_h2(&m, request("POST", "/down/post", b""))
+        .await
+        .unwrap();
+    assert_app_ok(&r, 8080, "body-less POST to a pod whose app is down");
+    let r = send_h1(&m, request("PUT", "/down/put", b"a body"))
+        .await
+        .unwrap();
+    assert_proxy_error(&r, 503, "app-unavailable", "a request with a body");
+    assert_eq!(m.live_paths(), ["/down/get", "/down/post"]);
+    assert_eq!(m.retries("refused").await, 2.0);
+}
+
+/// An app cannot make clients send its requests elsewhere by answering as a sidecar would: the
+/// inbound removes `x-aether-error` from the app's 503, and the client sidecar passes it on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_cannot_pass_for_a_sidecar_whose_app_is_down() {
+    fn forging_app(addr: std::net::SocketAddr) {
+        let listener = std::net::TcpListener::bind(addr).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        tokio::spawn(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            while let Ok((mut tcp, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match tcp.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let answer = b"HTTP/1.1 503 Service Unavailable\r\n\
+                        x-aether-error: app-unavailable\r\ncontent-length: 6\r\n\r\nforged";
+                    let _ = tcp.write_all(answer).await;
+                });
+            }
+        });
+    }
+    let (m, _forging) = with_first_pod(Some(forging_app)).await;
+    let r = send_h1(&m, request("POST", "/forged", b"")).await.unwrap();
+    assert_eq!(r.status, 503, "{r:?}");
+    assert_eq!(r.aether_error(), None, "{r:?}");
+    assert_eq!(r.text(), "forged");
+    assert!(m.live_paths().is_empty(), "{:?}", m.live_paths());
+    assert_eq!(m.retries("refused").await, 0.0);
+}

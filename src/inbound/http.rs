@@ -298,6 +298,12 @@ impl HttpChains {
             }
         };
         headers::strip_hop_by_hop(resp.headers_mut());
+        if resp.status() == http::StatusCode::SERVICE_UNAVAILABLE {
+            // Client sidecars send a request elsewhere on a sidecar's `app-unavailable`; an app
+            // that processed the request must not be able to say it.
+            resp.headers_mut()
+                .remove(crate::http::answer::X_AETHER_ERROR);
+        }
         Ok((resp.map(Either::Left), stream))
     }
 

@@ -122,6 +122,16 @@ async fn attempts(
         match up.pool.send(&key, conn, r, max_uses).await {
             Ok((resp, stream)) => {
                 cluster.record(&ep, resp.status().is_server_error());
+                // The server sidecar's app refused the connection: the request reached no
+                // app, as with a refused stream. Another endpoint when the request can go
+                // again; else this answer as it came.
+                if retry::app_unavailable(&resp) {
+                    if let Some(a) = again.filter(|_| tries.skip(&ep, Reason::AppUnavailable)) {
+                        req = Some(Box::new(a.into_request()));
+                        retrying = Some("refused");
+                        continue;
+                    }
+                }
                 return Ok((resp, InFlight { active, stream }));
             }
             Err(SendError::NotSent(r)) => {

@@ -2,9 +2,11 @@
 //! 11, Istio's defaults): a failed connect, a pooled connection found closed before the request
 //! went out, a request the upstream refused before processing it (h2 `REFUSED_STREAM`, a stream
 //! above a GOAWAY's last-stream-id) and, for idempotent requests without a body, a reset before
-//! any response byte. A retry goes to an endpoint the request has not tried yet, up to
-//! `MAX_RETRIES` times. Nothing is retried once a response head arrived: from then on bytes may
-//! have reached the client.
+//! any response byte; a server sidecar's 503 `app-unavailable` counts as refused (its app never
+//! took the connection). A retry goes to an endpoint the request has not tried yet, up to
+//! `MAX_RETRIES` times. Apart from that 503, which goes no further than this proxy when it is
+//! retried, nothing is retried once a response head arrived: from then on bytes may have
+//! reached the client.
 
 use std::error::Error as _;
 use std::net::SocketAddr;
@@ -16,7 +18,7 @@ use super::cluster::{Cluster, EndpointState};
 use super::lb;
 use crate::catalog::Labels;
 use crate::config::Locality;
-use crate::http::answer::Reason;
+use crate::http::answer::{Reason, X_AETHER_ERROR};
 use crate::http::body::ReqBody;
 
 pub const MAX_RETRIES: usize = 2;
@@ -159,6 +161,17 @@ fn classify_h2(e: &h2::Error) -> Failure {
     }
     // h2 found the peer's frames malformed: bytes came, the exchange is broken.
     Failure::Broken
+}
+
+/// Whether `resp` is a server sidecar's 503 `app-unavailable`: its app's port did not take the
+/// connection, so no app saw the request. Only a sidecar can say so: the inbound removes the
+/// header from a 503 its app answered.
+pub fn app_unavailable<B>(resp: &http::Response<B>) -> bool {
+    resp.status() == http::StatusCode::SERVICE_UNAVAILABLE
+        && resp
+            .headers()
+            .get(X_AETHER_ERROR)
+            .is_some_and(|v| v.as_bytes() == Reason::AppUnavailable.as_str().as_bytes())
 }
 
 /// Idempotent methods (RFC 9110 section 9.2.2).
