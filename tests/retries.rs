@@ -421,3 +421,41 @@ async fn an_app_cannot_pass_for_a_sidecar_whose_app_is_down() {
     assert!(m.live_paths().is_empty(), "{:?}", m.live_paths());
     assert_eq!(m.retries("refused").await, 0.0);
 }
+
+/// An h2 app that refuses its streams (`REFUSED_STREAM`, as a server going away does with
+/// streams it will not process) makes its sidecar answer 503 `app-unavailable`, so the request
+/// goes to another pod as for an app that is down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_the_app_refused_goes_to_another_pod() {
+    fn refusing_h2_app(addr: std::net::SocketAddr) {
+        let listener = std::net::TcpListener::bind(addr).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        tokio::spawn(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            while let Ok((tcp, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let Ok(mut conn) = h2::server::handshake(tcp).await else {
+                        return;
+                    };
+                    while let Some(Ok((_req, mut respond))) = conn.accept().await {
+                        respond.send_reset(h2::Reason::REFUSED_STREAM);
+                    }
+                });
+            }
+        });
+    }
+    let (m, _refusing) = with_first_pod(Some(refusing_h2_app)).await;
+    for path in ["/refused-by-app/get", "/refused-by-app/again"] {
+        let r = send_h2(&m, request("GET", path, b"")).await.unwrap();
+        assert_app_ok(&r, 8080, path);
+    }
+    let r = send_h2(&m, request("PUT", "/refused-by-app/put", b"a body"))
+        .await
+        .unwrap();
+    assert_proxy_error(&r, 503, "app-unavailable", "a request with a body");
+    assert_eq!(
+        m.live_paths(),
+        ["/refused-by-app/get", "/refused-by-app/again"]
+    );
+    assert_eq!(m.retries("refused").await, 2.0);
+}

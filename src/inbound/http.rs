@@ -294,6 +294,12 @@ impl HttpChains {
             Err(SendError::NotSent(_)) => return Err(Reason::AppUnavailable),
             Err(SendError::Failed(e)) => {
                 tracing::debug!(port, "inbound: app broke the exchange: {e}");
+                // An h2 app that refused the stream (`REFUSED_STREAM`, or a stream above its
+                // GOAWAY's last-stream-id, as a server shutting down sends) never processed
+                // it: `app-unavailable`, which client sidecars send to another pod.
+                if retry::classify(&e) == retry::Failure::Refused {
+                    return Err(Reason::AppUnavailable);
+                }
                 return Err(Reason::UpstreamProtocolError);
             }
         };
