@@ -709,13 +709,8 @@ async fn app_closing_after_each_answer(
         while let Ok((mut tcp, _)) = listener.accept().await {
             count.fetch_add(1, Ordering::Relaxed);
             tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut buf = [0u8; 4096];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match tcp.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
+                if read_http_head(&mut tcp, &mut Vec::new()).await.is_none() {
+                    return;
                 }
                 let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
                 if tcp.write_all(answer).await.is_err() {
@@ -776,14 +771,8 @@ async fn app_closing_under_the_second_request(
                 let mut buf = Vec::new();
                 for answered in [true, false] {
                     let mut chunk = [0u8; 4096];
-                    let end = loop {
-                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                            break i + 4;
-                        }
-                        match tcp.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
+                    let Some(end) = read_http_head(&mut tcp, &mut buf).await else {
+                        return;
                     };
                     let head = String::from_utf8_lossy(&buf[..end]).to_string();
                     log.lock()

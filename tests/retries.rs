@@ -397,14 +397,9 @@ async fn an_app_cannot_pass_for_a_sidecar_whose_app_is_down() {
             let listener = tokio::net::TcpListener::from_std(listener).unwrap();
             while let Ok((mut tcp, _)) = listener.accept().await {
                 tokio::spawn(async move {
-                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                    let mut head = Vec::new();
-                    let mut buf = [0u8; 4096];
-                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match tcp.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => head.extend_from_slice(&buf[..n]),
-                        }
+                    use tokio::io::AsyncWriteExt;
+                    if read_http_head(&mut tcp, &mut Vec::new()).await.is_none() {
+                        return;
                     }
                     let answer = b"HTTP/1.1 503 Service Unavailable\r\n\
                         x-aether-error: app-unavailable\r\ncontent-length: 6\r\n\r\nforged";

@@ -163,3 +163,19 @@ impl LoopbackSegments {
         seen
     }
 }
+
+/// Reads from `tcp` into `buf` until `buf` holds a whole HTTP/1 head (its blank line); the
+/// head's length, or `None` when the connection ended or failed first. Bytes read past the head
+/// stay in `buf`.
+pub async fn read_http_head<S: AsyncRead + Unpin>(tcp: &mut S, buf: &mut Vec<u8>) -> Option<usize> {
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            return Some(i + 4);
+        }
+        match tcp.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
