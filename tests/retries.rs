@@ -85,7 +85,11 @@ impl Mesh {
         metric_sum(
             &self.client,
             "aether_retries_total",
-            &["service=\"payments\"", &format!("reason=\"{reason}\"")],
+            &[
+                "direction=\"outbound\"",
+                "service=\"payments\"",
+                &format!("reason=\"{reason}\""),
+            ],
         )
         .await
     }

@@ -261,18 +261,11 @@ impl HttpChains {
             }
             _ => None,
         };
-        let again = |why: &'static str| {
-            crate::metrics::get().retry(Direction::inbound, &self.service_label, port, why);
-        };
         let sent = match self.app_pool.send(&key, sender, req, 0).await {
             // A pooled connection the app had closed (its keep-alive timeout, or an app short
             // of connections closing idle ones) hands the request back unsent: it goes again,
             // once, on a new connection. Only a port that does not answer is `app-unavailable`.
-            Err(SendError::NotSent(req)) => {
-                again("pool-closed");
-                let fresh = self.connect_app(port, to_h2).await?;
-                self.app_pool.send(&key, fresh, req, 0).await
-            }
+            Err(SendError::NotSent(req)) => self.send_again(key, "pool-closed", req).await?,
             Err(SendError::Failed(e))
                 if resend
                     .as_ref()
@@ -282,10 +275,8 @@ impl HttpChains {
                     port,
                     "inbound: the app closed under the request ({e}), again"
                 );
-                again("reset");
-                let fresh = self.connect_app(port, to_h2).await?;
                 let req = Box::new(resend.expect("checked").into_request());
-                self.app_pool.send(&key, fresh, req, 0).await
+                self.send_again(key, "reset", req).await?
             }
             sent => sent,
         };
@@ -311,6 +302,19 @@ impl HttpChains {
                 .remove(crate::http::answer::X_AETHER_ERROR);
         }
         Ok((resp.map(Either::Left), stream))
+    }
+
+    /// Sends `req` again, once, on a new connection to the app, counted as a retry for `why`.
+    async fn send_again(
+        &self,
+        key: (u16, bool),
+        why: &'static str,
+        req: BoxedRequest,
+    ) -> Result<Result<(Response<UpBody>, Option<StreamGuard>), SendError>, Reason> {
+        let (port, h2) = key;
+        crate::metrics::get().retry(Direction::inbound, &self.service_label, port, why);
+        let fresh = self.connect_app(port, h2).await?;
+        Ok(self.app_pool.send(&key, fresh, req, 0).await)
     }
 
     /// An HTTP/1.1 upgrade to the app, on a connection of its own: after the app's 101 the

@@ -125,8 +125,9 @@ async fn attempts(
                 // The server sidecar's app refused the connection: the request reached no
                 // app, as with a refused stream. Another endpoint when the request can go
                 // again; else this answer as it came.
-                if retry::app_unavailable(&resp) {
-                    if let Some(a) = again.filter(|_| tries.skip(&ep, Reason::AppUnavailable)) {
+                // (`again` is kept only when a retry is left, so `skip` allows one.)
+                if let Some(a) = again.filter(|_| retry::app_unavailable(&resp)) {
+                    if tries.skip(&ep, Reason::AppUnavailable) {
                         req = Some(Box::new(a.into_request()));
                         retrying = Some("refused");
                         continue;

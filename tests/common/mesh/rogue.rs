@@ -240,13 +240,11 @@ async fn serve_h1<S>(mut s: S, requests: Arc<Mutex<usize>>) -> std::io::Result<(
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        if s.read(&mut byte).await? == 0 {
-            return Ok(());
-        }
-        head.push(byte[0]);
+    if crate::common::read_http_head(&mut s, &mut Vec::new())
+        .await
+        .is_none()
+    {
+        return Ok(());
     }
     *requests.lock().unwrap() += 1;
     s.shutdown().await
