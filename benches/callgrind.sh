@@ -8,7 +8,8 @@
 # time: the figures repeat from run to run on a noisy machine, and the proxy runs about 50
 # times slower under it (wrk and h2load adapt; the rates printed by run.sh mean nothing here).
 #
-#   benches/callgrind.sh <aether|haproxy> <client|server> [scenario]    (default h)
+#   benches/callgrind.sh <aether|haproxy> <client|server> [scenario]    (default h; an HTTP
+#                                                                       scenario: a-f or h)
 #
 # Environment: AETHER_BIN (default target/release/aether-proxy), WARM (default 25 s), SPAN
 # (15 s), TOP (25 functions), OUT (directory for the callgrind file, default a new temporary
@@ -27,6 +28,7 @@ case "$side" in client) admin=19001 ;; server) admin=19002 ;; *) echo "side: cli
 warm=${WARM:-25} span=${SPAN:-15} top=${TOP:-25}
 out=${OUT:-$(mktemp -d)}
 mkdir -p "$out"
+rm -f "$out/window"
 cg="$out/callgrind.$proxy.$side.$scenario"
 
 wrap=$(mktemp -d)
@@ -72,17 +74,18 @@ esac
   sleep "$warm"
   before=$(requests)
   callgrind_control -z >/dev/null 2>&1 || true
-  callgrind_control -i on >/dev/null 2>&1
+  callgrind_control -i on >/dev/null 2>&1 || true
   sleep "$span"
-  callgrind_control -i off >/dev/null 2>&1
+  callgrind_control -i off >/dev/null 2>&1 || true
   after=$(requests)
-  callgrind_control -d >/dev/null 2>&1
+  callgrind_control -d >/dev/null 2>&1 || true
   echo "$before $after" >"$out/window"
 ) &
 counter=$!
 PROXY=$proxy SCENARIOS=$scenario DURATION=$((warm + span + 10)) QUIET_MAX=100 \
   bash "$bench" bench >"$out/run.txt" 2>&1 || { tail -n 5 "$out/run.txt" >&2; exit 1; }
-wait "$counter"
+wait "$counter" || true
+[ -s "$out/window" ] || { echo "the counting window did not complete (see $out/run.txt)" >&2; exit 1; }
 read -r before after <"$out/window"
 n=$((after - before))
 dump=$(ls -t "$cg".* 2>/dev/null | head -n1)
