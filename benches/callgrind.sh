@@ -55,19 +55,23 @@ case "$proxy" in
     bin=$(realpath "${AETHER_BIN:-$here/target/release/aether-proxy}")
     [ -x "$bin" ] || { echo "no binary at $bin (cargo build --release, or set AETHER_BIN)" >&2; exit 1; }
     # `run` starts itself again to set glibc's tcache tunable (README, "The allocator's thread
-    # cache"), which valgrind cannot follow: the tunable is set here, as that step sets it.
+    # cache"), which valgrind cannot follow: the tunable is set here, as that step sets it
+    # (`memory::TCACHE_COUNT`; keep the two equal).
     wrapper aether-proxy "$bin" "AETHER_MALLOC_TUNED=1 GLIBC_TUNABLES=glibc.malloc.tcache_count=1024"
     export AETHER_BIN=$wrap/aether-proxy
-    # Requests this side handled: the client's outbound and the server's inbound.
-    requests() { curl -s --max-time 2 "http://127.0.0.1:$admin/metrics" |
-      awk '/^aether_requests_total\{/ {s += $NF} END {printf "%d\n", s}'; } ;;
+    # The client's outbound requests and the server's inbound ones.
+    metric=aether_requests_total ;;
   haproxy)
     wrapper haproxy "$(command -v haproxy || { echo "needs haproxy" >&2; exit 1; })"
     export PATH=$wrap:$PATH
-    requests() { curl -s --max-time 2 "http://127.0.0.1:$admin/metrics" |
-      awk '/^haproxy_backend_http_requests_total\{/ {s += $NF} END {printf "%d\n", s}'; } ;;
+    metric=haproxy_backend_http_requests_total ;;
   *) echo "proxy: aether or haproxy" >&2; exit 2 ;;
 esac
+# Requests this side handled so far: the sum of the metric's series on its admin listener.
+requests() {
+  curl -s --max-time 2 "http://127.0.0.1:$admin/metrics" |
+    awk -v m="$metric{" 'index($0, m) == 1 {s += $NF} END {printf "%d\n", s}'
+}
 
 # Counting is switched on and off from outside while run.sh drives the load.
 (

@@ -770,7 +770,6 @@ async fn app_closing_under_the_second_request(
             tokio::spawn(async move {
                 let mut buf = Vec::new();
                 for answered in [true, false] {
-                    let mut chunk = [0u8; 4096];
                     let Some(end) = read_http_head(&mut tcp, &mut buf).await else {
                         return;
                     };
@@ -786,6 +785,7 @@ async fn app_closing_under_the_second_request(
                                 .map(|v| v.trim().parse().unwrap())
                         })
                         .unwrap_or(0);
+                    let mut chunk = [0u8; 4096];
                     while buf.len() < end + length {
                         match tcp.read(&mut chunk).await {
                             Ok(0) | Err(_) => return,
