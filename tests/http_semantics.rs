@@ -24,8 +24,9 @@ use tokio::net::{TcpListener, TcpStream};
 /// The payments pod's ports: 8080 `auto` to the ordinary recording app; 9001 `http1` to a raw
 /// app that answers `Expect: 100-continue` itself; 9002 `h2` to an h2c trailers app; 9003
 /// `http1` to an HTTP/1.1 trailers app; 9004 `http1` to the bulk app (1 GiB up and down);
-/// 9005 `http1` to an app that streams an answer at the test's pace.
-const PORTS: [u16; 6] = [8080, 9001, 9002, 9003, 9004, 9005];
+/// 9005 `http1` to an app that streams an answer at the test's pace; 9006 `http1` to an app
+/// that answers in HTTP/1.0.
+const PORTS: [u16; 7] = [8080, 9001, 9002, 9003, 9004, 9005, 9006];
 
 type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
 
@@ -38,6 +39,7 @@ struct Mesh {
     h1_trailers: TrailersApp,
     _bulk: BulkApp,
     paced: PacedApp,
+    http10: Http10App,
     _certs: Certs,
     client_pod: PodNet,
 }
@@ -53,6 +55,7 @@ impl Mesh {
         let h1_trailers = TrailersApp::start(server_pod.app(9003), false).await;
         let bulk = BulkApp::start(server_pod.app(9004)).await;
         let paced = PacedApp::start(server_pod.app(9005)).await;
+        let http10 = Http10App::start(server_pod.app(9006)).await;
         let server = server_proxy(
             &certs,
             server_pod,
@@ -64,6 +67,7 @@ impl Mesh {
                 "{ port: 9003, protocol: http1 }",
                 "{ port: 9004, protocol: http1 }",
                 "{ port: 9005, protocol: http1 }",
+                "{ port: 9006, protocol: http1 }",
             ],
         )
         .await;
@@ -83,6 +87,7 @@ impl Mesh {
             h1_trailers,
             _bulk: bulk,
             paced,
+            http10,
             _certs: certs,
             client_pod,
         }
@@ -430,6 +435,74 @@ async fn http10_gets_a_streamed_response_close_delimited() {
     let (rest, end) = read_to_end_within(&mut s, IO_TIMEOUT).await;
     assert_eq!(end, ReadEnd::Eof, "a close ends the body");
     assert_eq!(rest, STREAMED);
+}
+
+/// A raw app that speaks HTTP/1.0, as Python's `http.server` does: each answer has an
+/// `HTTP/1.0` status line and the connection closes after it. `/length` is answered with a
+/// `Content-Length`, anything else without one (the close ends the body).
+struct Http10App {
+    connections: Arc<AtomicU64>,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+const HTTP10_BODY: &[u8] = b"an answer from an HTTP/1.0 app";
+
+impl Http10App {
+    async fn start(addr: SocketAddr) -> Http10App {
+        let listener = TcpListener::bind(addr).await.unwrap();
+        let connections = Arc::new(AtomicU64::new(0));
+        let counted = connections.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((mut tcp, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::Relaxed);
+                tokio::spawn(async move {
+                    let head = read_request_head(&mut tcp).await?;
+                    let length = if head.starts_with("GET /length ") {
+                        format!("Content-Length: {}\r\n", HTTP10_BODY.len())
+                    } else {
+                        String::new()
+                    };
+                    let answer =
+                        format!("HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n{length}\r\n");
+                    tcp.write_all(answer.as_bytes()).await?;
+                    tcp.write_all(HTTP10_BODY).await?;
+                    tcp.shutdown().await
+                });
+            }
+        });
+        Http10App {
+            connections,
+            _task: task,
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_http10_apps_answers_reach_an_http11_client_in_http11_on_one_connection() {
+    let m = Mesh::start().await;
+    let mut s = tcp_connect(m.outbound()).await.unwrap();
+    for path in ["/length", "/close-delimited"] {
+        let req = format!("GET {path} HTTP/1.1\r\nHost: {SVC}:9006\r\n\r\n");
+        s.write_all(req.as_bytes()).await.unwrap();
+        let head = read_head(&mut s)
+            .await
+            .unwrap_or_else(|e| panic!("{path}: {e}"));
+        assert_eq!(head.status, 200, "{path}");
+        // Each proxy answers in its own version: an HTTP/1.0 status line would end the
+        // client's connection after this answer.
+        assert_eq!(head.version, "HTTP/1.1", "{path}: {:?}", head.headers);
+        let body = if head.header("content-length").is_some() {
+            read_body(&mut s, &head).await
+        } else {
+            assert_eq!(head.header("transfer-encoding"), Some("chunked"), "{path}");
+            read_chunked(&mut s).await.0
+        };
+        assert_eq!(body, HTTP10_BODY, "{path}");
+    }
+    // The app closed after each answer; the sidecars' mTLS connection stayed open.
+    assert_eq!(m.http10.connections.load(Ordering::Relaxed), 2);
+    let handshakes = r#"aether_tls_handshakes_total{listener="inbound",result="ok"}"#;
+    assert_eq!(inbound::series_or_zero(&m.server, handshakes).await, 1);
 }
 
 // ---------------------------------------------------------------------------------------------

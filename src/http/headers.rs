@@ -18,6 +18,16 @@ pub fn too_large(h: &HeaderMap) -> bool {
     bytes > MAX_HEADER_BYTES
 }
 
+/// Readies an upstream's response to go downstream: its hop-by-hop fields removed, and this
+/// proxy's own HTTP version on it, as an intermediary answers (RFC 9110, section 6.2). hyper
+/// writes a response's version on its status line: an HTTP/1.0 app's answer went on as
+/// `HTTP/1.0` to HTTP/1.1 clients, and each h1 hop then closed its connection after it, the
+/// sidecars' mTLS connection included. hyper still answers an HTTP/1.0 client in HTTP/1.0.
+pub fn forwarded_response<B>(resp: &mut http::Response<B>) {
+    strip_hop_by_hop(resp.headers_mut());
+    *resp.version_mut() = http::Version::HTTP_11;
+}
+
 /// Removes connection-specific headers, which must not cross a proxy (RFC 9110 7.6.1) and
 /// are illegal in HTTP/2. Headers a `Connection` header names go too, except the ones this
 /// proxy answers for (SPEC section 8): `x-request-id` keeps the value the request carried, and

@@ -294,7 +294,7 @@ impl HttpChains {
                 return Err(Reason::UpstreamProtocolError);
             }
         };
-        headers::strip_hop_by_hop(resp.headers_mut());
+        headers::forwarded_response(&mut resp);
         if resp.status() == http::StatusCode::SERVICE_UNAVAILABLE {
             // Client sidecars send a request elsewhere on a sidecar's `app-unavailable`; an app
             // that processed the request must not be able to say it.
@@ -342,7 +342,7 @@ impl HttpChains {
             Reason::UpstreamProtocolError
         })?;
         let Some(to) = upgrade::switched_to(&resp) else {
-            headers::strip_hop_by_hop(resp.headers_mut());
+            headers::forwarded_response(&mut resp);
             return Ok((resp.map(|b| Either::Left(UpBody::h1(b))), None));
         };
         let far = hyper::upgrade::on(&mut resp);

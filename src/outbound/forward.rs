@@ -54,7 +54,7 @@ pub async fn forward(
         crate::memory::box_future(|| attempts(up, tries, req, cluster, authority, h2_first, src));
     match tokio::time::timeout(cluster.service.request_timeout, attempt).await {
         Ok(Ok((mut resp, inflight))) => {
-            headers::strip_hop_by_hop(resp.headers_mut());
+            headers::forwarded_response(&mut resp);
             Ok((resp, inflight))
         }
         Ok(Err(r)) => Err(r),

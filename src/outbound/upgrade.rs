@@ -92,7 +92,7 @@ pub async fn send(
                 }
             }
             None => {
-                headers::strip_hop_by_hop(resp.headers_mut());
+                headers::forwarded_response(&mut resp);
                 Answer::Refused { resp, active }
             }
         })

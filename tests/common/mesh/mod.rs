@@ -413,6 +413,8 @@ pub fn expected_xfcc(certs: &Certs, server: &str, client_stem: &str, client: &st
 // ---------------------------------------------------------------------------------------------
 
 pub struct RawHead {
+    /// The status line's version, as written (`HTTP/1.1`).
+    pub version: String,
     pub status: u16,
     pub headers: Vec<(String, String)>,
 }
@@ -448,6 +450,11 @@ pub async fn read_head(s: &mut TcpStream) -> Result<RawHead, String> {
     let text = String::from_utf8_lossy(&head).into_owned();
     let mut lines = text.split("\r\n");
     let status_line = lines.next().unwrap_or_default();
+    let version = status_line
+        .split(' ')
+        .next()
+        .unwrap_or_default()
+        .to_string();
     let status = status_line
         .split(' ')
         .nth(1)
@@ -457,7 +464,11 @@ pub async fn read_head(s: &mut TcpStream) -> Result<RawHead, String> {
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
         .collect();
-    Ok(RawHead { status, headers })
+    Ok(RawHead {
+        version,
+        status,
+        headers,
+    })
 }
 
 /// Reads a body of `content-length` bytes after [`read_head`].
