@@ -725,11 +725,11 @@ async fn app_closing_after_each_answer(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pooled_app_connection_the_app_closed_is_not_a_503() {
-    // The app closes each connection soon after answering, so the sidecar keeps finding pooled
-    // connections that are closed, or closing just as a request is handed to them. A request
-    // that never left is sent again on a new connection; only a port that refuses is 503. (A
-    // request written before the close and never read by the app ends as 502: the sidecar
-    // cannot know the app did not act on it. Those are not what this checks.)
+    // The app closes each connection soon after answering, without saying so, so the sidecar
+    // keeps finding pooled connections that are closed, or closing just as a request is
+    // written to them. A request that never left is sent again on a new connection. The
+    // first GET the app closes a busy connection under is 502 (nothing was copied to send
+    // again); it marks the app, and every later one goes again: no 503, one 502 at most.
     let pod = Pod::start().await;
     let accepted = app_closing_after_each_answer(pod.net.app(6060), Duration::from_millis(2)).await;
     let mut c = pod.h1_as("frontend", "6060").await;
@@ -742,7 +742,11 @@ async fn a_pooled_app_connection_the_app_closed_is_not_a_503() {
         *statuses.entry(r.status.as_u16()).or_insert(0) += 1;
         tokio::time::sleep(Duration::from_millis((i % 4) as u64)).await;
     }
-    assert_eq!(statuses.get(&503), None, "{statuses:?}");
+    let answered = statuses.get(&200).copied().unwrap_or(0);
+    assert!(
+        answered >= 599 && answered + statuses.get(&502).copied().unwrap_or(0) == 600,
+        "{statuses:?}"
+    );
     let n = accepted.load(std::sync::atomic::Ordering::Relaxed);
     assert!(n >= 200, "the closed connections were replaced: {n}");
     let again = metric_sum(

@@ -72,6 +72,7 @@ impl Inbound {
                 drain: drain.clone(),
                 tracker: tracker.clone(),
                 service_label,
+                app_closes_busy: Default::default(),
             }),
             drain,
             tracker,
