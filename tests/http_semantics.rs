@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use common::mesh::rogue::{Misbehaviour, RoguePod};
 use common::mesh::*;
 use common::*;
 use http::{HeaderMap, Request, Response};
@@ -477,20 +478,24 @@ impl Http10App {
     }
 }
 
+/// GETs `path` of the service's `port` on `s`, an HTTP/1.1 client connection to the client
+/// sidecar, and checks the answer's head: 200, in HTTP/1.1. Each proxy answers in its own
+/// version; an HTTP/1.0 status line would end the client's connection after this answer.
+async fn get_answered_in_http11(s: &mut TcpStream, path: &str, port: u16) -> RawHead {
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {SVC}:{port}\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let head = read_head(s).await.unwrap_or_else(|e| panic!("{path}: {e}"));
+    assert_eq!(head.status, 200, "{path}");
+    assert_eq!(head.version, "HTTP/1.1", "{path}: {:?}", head.headers);
+    head
+}
+
 #[tokio::test]
 async fn an_http10_apps_answers_reach_an_http11_client_in_http11_on_one_connection() {
     let m = Mesh::start().await;
     let mut s = tcp_connect(m.outbound()).await.unwrap();
     for path in ["/length", "/close-delimited"] {
-        let req = format!("GET {path} HTTP/1.1\r\nHost: {SVC}:9006\r\n\r\n");
-        s.write_all(req.as_bytes()).await.unwrap();
-        let head = read_head(&mut s)
-            .await
-            .unwrap_or_else(|e| panic!("{path}: {e}"));
-        assert_eq!(head.status, 200, "{path}");
-        // Each proxy answers in its own version: an HTTP/1.0 status line would end the
-        // client's connection after this answer.
-        assert_eq!(head.version, "HTTP/1.1", "{path}: {:?}", head.headers);
+        let head = get_answered_in_http11(&mut s, path, 9006).await;
         let body = if head.header("content-length").is_some() {
             read_body(&mut s, &head).await
         } else {
@@ -503,6 +508,29 @@ async fn an_http10_apps_answers_reach_an_http11_client_in_http11_on_one_connecti
     assert_eq!(m.http10.connections.load(Ordering::Relaxed), 2);
     let handshakes = r#"aether_tls_handshakes_total{listener="inbound",result="ok"}"#;
     assert_eq!(inbound::series_or_zero(&m.server, handshakes).await, 1);
+}
+
+/// The client sidecar's own part of the same: its peer on the mTLS hop (no aether-proxy)
+/// answers in HTTP/1.0 and closes, and the app's client still gets HTTP/1.1 on one connection.
+#[tokio::test]
+async fn a_peer_answering_in_http10_reaches_an_http11_client_in_http11() {
+    let net = Net::fresh();
+    let certs = certs();
+    let (client_pod, peer) = (net.pod(0), net.pod(1));
+    let rogue = RoguePod::start(&certs, peer.inbound(), Misbehaviour::H1AnswerInHttp10).await;
+    let cat = catalog(&[service(
+        "payments",
+        &certs.spiffe_id(PAYMENTS),
+        "",
+        &[endpoint(peer.proxy_ip(), &[8080])],
+    )]);
+    let _client = client_proxy(&certs, client_pod, &cat, "").await;
+    let mut s = tcp_connect(client_pod.outbound()).await.unwrap();
+    for path in ["/one", "/two"] {
+        let head = get_answered_in_http11(&mut s, path, 8080).await;
+        assert_eq!(read_body(&mut s, &head).await, b"ok", "{path}");
+    }
+    assert_eq!(rogue.requests(), 2);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -450,14 +450,10 @@ pub async fn read_head(s: &mut TcpStream) -> Result<RawHead, String> {
     let text = String::from_utf8_lossy(&head).into_owned();
     let mut lines = text.split("\r\n");
     let status_line = lines.next().unwrap_or_default();
-    let version = status_line
-        .split(' ')
+    let mut parts = status_line.split(' ');
+    let version = parts.next().unwrap_or_default().to_string();
+    let status = parts
         .next()
-        .unwrap_or_default()
-        .to_string();
-    let status = status_line
-        .split(' ')
-        .nth(1)
         .and_then(|s| s.parse().ok())
         .ok_or_else(|| format!("bad status line {status_line:?}"))?;
     let headers = lines

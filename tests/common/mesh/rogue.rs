@@ -1,8 +1,8 @@
 //! A server pod that misbehaves on purpose: real mTLS with the `payments` identity, HTTP/2 chosen
 //! by ALPN, then raw HTTP/2 frames written by hand, so each test decides exactly what the client
 //! proxy sees for a request (a refused stream, a GOAWAY below it, a reset before or after the
-//! response head); or HTTP/1.1, closing the connection under the request. It counts the
-//! requests it got.
+//! response head); or HTTP/1.1, closing the connection under the request or answering in
+//! HTTP/1.0. It counts the requests it got.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -34,6 +34,18 @@ pub enum Misbehaviour {
     ServeOnceThenClose,
     /// HTTP/1.1 chosen by ALPN; the connection closes once the request head is read.
     H1CloseBeforeResponse,
+    /// HTTP/1.1 chosen by ALPN; each request is answered `HTTP/1.0 200` with a 2-byte body,
+    /// then the connection closes (a peer that speaks HTTP/1.0 on the mesh hop).
+    H1AnswerInHttp10,
+}
+
+impl Misbehaviour {
+    fn is_h1(self) -> bool {
+        matches!(
+            self,
+            Misbehaviour::H1CloseBeforeResponse | Misbehaviour::H1AnswerInHttp10
+        )
+    }
 }
 
 pub struct RoguePod {
@@ -90,7 +102,7 @@ impl RoguePod {
         let listener = TcpListener::bind(addr)
             .await
             .unwrap_or_else(|e| panic!("rogue pod cannot bind {addr}: {e}"));
-        let alpn: &[u8] = if how == Misbehaviour::H1CloseBeforeResponse {
+        let alpn: &[u8] = if how.is_h1() {
             b"\x08http/1.1"
         } else {
             b"\x02h2"
@@ -111,8 +123,8 @@ impl RoguePod {
                             return;
                         };
                         *conns.lock().unwrap() += 1;
-                        let _ = if how == Misbehaviour::H1CloseBeforeResponse {
-                            serve_h1(tls, requests).await
+                        let _ = if how.is_h1() {
+                            serve_h1(tls, how, requests).await
                         } else {
                             serve(tls, how, requests).await
                         };
@@ -221,7 +233,8 @@ where
         }
         Misbehaviour::CloseBeforeResponse
         | Misbehaviour::ServeOnceThenClose
-        | Misbehaviour::H1CloseBeforeResponse => s.shutdown().await,
+        | Misbehaviour::H1CloseBeforeResponse
+        | Misbehaviour::H1AnswerInHttp10 => s.shutdown().await,
         Misbehaviour::ResetAfterHead => {
             // `:status: 200` is static table entry 8.
             s.write_all(&frame(HEADERS, END_HEADERS, stream, &[0x88]))
@@ -235,8 +248,13 @@ where
     }
 }
 
-/// HTTP/1.1: reads a request head, counts it, and closes the connection without a byte back.
-async fn serve_h1<S>(mut s: S, requests: Arc<Mutex<usize>>) -> std::io::Result<()>
+/// HTTP/1.1: reads a request head, counts it, answers it in HTTP/1.0 or not at all (`how`),
+/// and closes the connection.
+async fn serve_h1<S>(
+    mut s: S,
+    how: Misbehaviour,
+    requests: Arc<Mutex<usize>>,
+) -> std::io::Result<()>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
@@ -247,5 +265,9 @@ where
         return Ok(());
     }
     *requests.lock().unwrap() += 1;
+    if how == Misbehaviour::H1AnswerInHttp10 {
+        s.write_all(b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\nok")
+            .await?;
+    }
     s.shutdown().await
 }
