@@ -24,7 +24,7 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 use envoy_types::pb::google::rpc::Status as RpcStatus;
 use prost::Message;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::channel;
 use super::resources::{self, AssignedEndpoint, ClusterRes, CLUSTER_TYPE, ENDPOINT_TYPE};
@@ -34,6 +34,10 @@ use crate::config::{Config, XdsConfig};
 use crate::identity::IdentityStore;
 use crate::metrics;
 use crate::validation::FieldError;
+
+/// The largest response accepted (tonic's default is 4 MiB): the assignments of a large service
+/// run past that, and the whole response is held while it is checked.
+pub const MAX_RESPONSE: usize = 64 << 20;
 
 /// What `/config_dump` shows of the control plane.
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -295,9 +299,18 @@ impl Ads {
                 return Err(Ended { heard });
             }
         };
-        let (tx, rx) = mpsc::channel::<DeltaDiscoveryRequest>(64);
+        // Unbounded: a server that stops reading while we stop reading its answers must not
+        // deadlock the two; what goes in is bounded by the names requests ask for.
+        let (tx, rx) = mpsc::unbounded_channel::<DeltaDiscoveryRequest>();
         let mut client =
-            AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(64 << 20);
+            AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(MAX_RESPONSE);
+        // The call starts now and requests flow from now on; its response headers are awaited
+        // only beside the demand queue (see `channel::Responses`).
+        let mut responses = channel::Responses::new(async move {
+            client
+                .delta_aggregated_resources(UnboundedReceiverStream::new(rx))
+                .await
+        });
         // The server learns the node from the first request on the stream; nothing is
         // subscribed before a request asks (an empty first subscription would be a wildcard).
         let mut out = Outgoing {
@@ -305,20 +318,11 @@ impl Ads {
             node: Some(self.node.clone()),
         };
         state.subscribed = Default::default();
-        self.sync_subscriptions(state, &mut out, true).await;
-        let mut responses = match client
-            .delta_aggregated_resources(ReceiverStream::new(rx))
-            .await
-        {
-            Ok(r) => r.into_inner(),
-            Err(e) => {
-                tracing::warn!("control plane: stream refused: {e}");
-                return Err(Ended { heard });
-            }
-        };
+        self.sync_subscriptions(state, &mut out, true);
+        // As Envoy counts it: connected once the stream is started, before any answer.
         metrics::get().xds_connected.set(1);
         self.set_connected(true);
-        tracing::info!(address = %self.cfg.address, "control plane: connected");
+        tracing::info!(address = %self.cfg.address, "control plane: stream started");
         let sweep_every =
             (self.cfg.idle / 4).clamp(Duration::from_millis(250), Duration::from_secs(60));
         let mut sweep = tokio::time::interval(sweep_every);
@@ -327,7 +331,7 @@ impl Ads {
                 msg = responses.message() => match msg {
                     Ok(Some(resp)) => {
                         heard = true;
-                        self.handle(state, &mut out, resp).await;
+                        self.handle(state, &mut out, resp);
                     }
                     Ok(None) => {
                         tracing::warn!("control plane: stream closed");
@@ -341,13 +345,13 @@ impl Ads {
                 w = wants.recv() => match w {
                     Some(name) => {
                         self.want(state, name);
-                        self.sync_subscriptions(state, &mut out, false).await;
+                        self.sync_subscriptions(state, &mut out, false);
                     }
                     None => return Ok(()),
                 },
                 _ = sweep.tick() => {
                     if self.forget_idle(state) {
-                        self.sync_subscriptions(state, &mut out, false).await;
+                        self.sync_subscriptions(state, &mut out, false);
                         self.apply(state);
                     }
                 }
@@ -427,7 +431,7 @@ impl Ads {
     /// Tells the server about subscription changes; forgets what is no longer wanted. Only
     /// the services touched since the last call are looked at (`initial`: a new stream, told
     /// everything).
-    async fn sync_subscriptions(&self, state: &mut State, out: &mut Outgoing, initial: bool) {
+    fn sync_subscriptions(&self, state: &mut State, out: &mut Outgoing, initial: bool) {
         let mut crossed: [BTreeSet<String>; 2] = Default::default();
         for svc in std::mem::take(&mut state.sub_dirty) {
             let new = self.desired_for(state, &svc);
@@ -494,8 +498,7 @@ impl Ads {
                 resource_names_unsubscribe: unsubscribe.clone(),
                 initial_resource_versions,
                 ..Default::default()
-            })
-            .await;
+            });
             for name in unsubscribe {
                 state.touch(&name, &self.mesh_domain);
                 state.noted.insert(name.clone());
@@ -508,18 +511,18 @@ impl Ads {
         }
     }
 
-    async fn handle(&self, state: &mut State, out: &mut Outgoing, resp: DeltaDiscoveryResponse) {
+    fn handle(&self, state: &mut State, out: &mut Outgoing, resp: DeltaDiscoveryResponse) {
         let Some(kind) = Kind::of(&resp.type_url) else {
             tracing::warn!(type_url = %resp.type_url, "control plane: unexpected resource type; ignored");
-            out.send(ack(&resp, None)).await;
+            out.send(ack(&resp, None));
             return;
         };
         match self.accept(state, kind, &resp) {
             Ok(changed) => {
                 metrics::get().xds_update(kind.metric(), true);
-                out.send(ack(&resp, None)).await;
+                out.send(ack(&resp, None));
                 if changed {
-                    self.sync_subscriptions(state, out, false).await;
+                    self.sync_subscriptions(state, out, false);
                     self.apply(state);
                 } else {
                     self.flush_status(state);
@@ -533,7 +536,7 @@ impl Ads {
                     other => other.to_string(),
                 };
                 let message = e.to_string();
-                out.send(ack(&resp, Some(message.clone()))).await;
+                out.send(ack(&resp, Some(message.clone())));
                 self.status
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
@@ -809,17 +812,18 @@ struct Ended {
 }
 
 struct Outgoing {
-    tx: mpsc::Sender<DeltaDiscoveryRequest>,
+    tx: mpsc::UnboundedSender<DeltaDiscoveryRequest>,
     /// Sent with the first request of the stream.
     node: Option<Node>,
 }
 
 impl Outgoing {
-    async fn send(&mut self, mut req: DeltaDiscoveryRequest) {
+    fn send(&mut self, mut req: DeltaDiscoveryRequest) {
         if let Some(node) = self.node.take() {
             req.node = Some(node);
         }
-        let _ = self.tx.send(req).await;
+        // A closed stream is seen by the response side, which ends the session.
+        let _ = self.tx.send(req);
     }
 }
 

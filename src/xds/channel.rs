@@ -2,12 +2,15 @@
 //! node agents serve), or any other TCP address over mTLS with the workload's identity
 //! (BoringSSL, like every other TLS connection of the proxy).
 
+use std::future::Future;
 use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::{Status, Streaming};
 
 use crate::config::GrpcAddress;
 use crate::identity::IdentityStore;
@@ -109,4 +112,48 @@ async fn mtls(
     tokio_boring::connect(cfg, host, tcp)
         .await
         .map_err(|e| io::Error::other(e.to_string()))
+}
+
+type Opening<T> =
+    Pin<Box<dyn Future<Output = Result<tonic::Response<Streaming<T>>, Status>> + Send>>;
+
+/// The response side of a streaming call, opened as it is read.
+///
+/// A tonic call resolves only once the server's response headers arrive, and gRPC servers
+/// (grpc-go, grpcio, gRPC C++) send those with the first response message. An xDS server
+/// answers nothing before the client's first request, so a client that awaits the call before
+/// it sends would wait for ever. The call is started at once (its request stream flows from
+/// then on) and awaited inside [`Responses::message`], which the session polls beside its
+/// demand; requests never wait on headers.
+pub struct Responses<T> {
+    state: ResponseState<T>,
+}
+
+enum ResponseState<T> {
+    Opening(Opening<T>),
+    Open(Box<Streaming<T>>),
+}
+
+impl<T> Responses<T> {
+    /// Starts `call` (it is first polled by the first `message`).
+    pub fn new(
+        call: impl Future<Output = Result<tonic::Response<Streaming<T>>, Status>> + Send + 'static,
+    ) -> Responses<T> {
+        Responses {
+            state: ResponseState::Opening(Box::pin(call)),
+        }
+    }
+
+    /// The next response: `Ok(None)` once the server ended the stream. Cancel-safe: a call
+    /// still opening stays where it was.
+    pub async fn message(&mut self) -> Result<Option<T>, Status> {
+        if let ResponseState::Opening(call) = &mut self.state {
+            let streaming = call.as_mut().await?.into_inner();
+            self.state = ResponseState::Open(Box::new(streaming));
+        }
+        match &mut self.state {
+            ResponseState::Open(streaming) => streaming.message().await,
+            ResponseState::Opening(_) => unreachable!("replaced above"),
+        }
+    }
 }

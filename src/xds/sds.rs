@@ -13,7 +13,7 @@ use envoy_types::pb::envoy::service::secret::v3::secret_discovery_service_client
 use envoy_types::pb::google::rpc::Status as RpcStatus;
 use prost::Message;
 use tokio::sync::{mpsc, oneshot};
-use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::channel;
 use super::resources::SECRET_TYPE;
@@ -22,6 +22,10 @@ use crate::identity::{Contexts, IdentitySpec, IdentityStore};
 use crate::metrics;
 
 pub const WORKLOAD: &str = "default";
+
+/// The largest SDS response accepted: a certificate chain and key, or a bundle, are kilobytes,
+/// and a secret file read for one is capped at 1 MiB (`MAX_SECRET_FILE`).
+pub const MAX_RESPONSE: usize = 4 << 20;
 pub const ROOT_CA: &str = "ROOTCA";
 
 /// What one secret carried.
@@ -119,7 +123,7 @@ async fn session(
         tracing::warn!("SDS {name}: {e}");
         false
     })?;
-    let (req_tx, req_rx) = mpsc::channel::<DiscoveryRequest>(8);
+    let (req_tx, req_rx) = mpsc::unbounded_channel::<DiscoveryRequest>();
     let request = |version: String, nonce: String, error: Option<String>| DiscoveryRequest {
         version_info: version,
         node: Some(node.clone()),
@@ -133,25 +137,27 @@ async fn session(
         }),
         ..Default::default()
     };
-    let _ = req_tx
-        .send(request(String::new(), String::new(), None))
-        .await;
-    let mut client = SecretDiscoveryServiceClient::new(channel);
-    let mut responses = client
-        .stream_secrets(ReceiverStream::new(req_rx))
-        .await
-        .map_err(|e| {
-            tracing::warn!("SDS {name}: stream refused: {e}");
-            false
-        })?
-        .into_inner();
+    let _ = req_tx.send(request(String::new(), String::new(), None));
+    let mut client =
+        SecretDiscoveryServiceClient::new(channel).max_decoding_message_size(MAX_RESPONSE);
+    // Never awaited on its own: the server's headers may come only with its first answer
+    // (see `channel::Responses`).
+    let mut responses = channel::Responses::new(async move {
+        client
+            .stream_secrets(UnboundedReceiverStream::new(req_rx))
+            .await
+    });
     let mut heard = false;
     let mut version = String::new();
     loop {
         let resp: DiscoveryResponse = match responses.message().await {
             Ok(Some(r)) => r,
-            Ok(None) | Err(_) => {
+            Ok(None) => {
                 tracing::warn!("SDS {name}: stream ended");
+                return Err(heard);
+            }
+            Err(e) => {
+                tracing::warn!("SDS {name}: stream failed: {e}");
                 return Err(heard);
             }
         };
@@ -178,9 +184,7 @@ async fn session(
                 Some(format!("{name}: {e}"))
             }
         };
-        let _ = req_tx
-            .send(request(version.clone(), resp.nonce.clone(), error))
-            .await;
+        let _ = req_tx.send(request(version.clone(), resp.nonce.clone(), error));
     }
 }
 
