@@ -16,7 +16,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use common::mesh::{catalog, certs, endpoint, h1_to, server_proxy, service, PAYMENTS};
-use common::xds::{xds_client_config, ControlPlane, Endpoint, Fixture, Listen, Service};
+use common::xds::{xds_client_config, ControlPlane, Endpoint, Fixture, Listen, Server, Service};
 use common::*;
 
 const QUIET: &str = "warn";
@@ -83,7 +83,7 @@ async fn cold_first_requests(net: &Net, certs: &Certs, id: &str, live: Endpoint)
             Service::new(id).endpoint(live.clone()),
         );
     }
-    let cp = ControlPlane::start(cp_listen(pod), fx).await;
+    let cp = ControlPlane::start(Server::Tonic, cp_listen(pod), fx).await;
     let client = xds_pod(certs, pod, &cp).await;
     let out = pod.outbound();
     let mut c = h1_to(out).await;
@@ -132,7 +132,12 @@ async fn push_1000_endpoints(net: &Net, certs: &Certs, id: &str, live: Endpoint)
     for i in 0..999 {
         svc = svc.endpoint(far_endpoint(i, &[8080, 9090]));
     }
-    let cp = ControlPlane::start(cp_listen(pod), Fixture::new().service("big", svc)).await;
+    let cp = ControlPlane::start(
+        Server::Tonic,
+        cp_listen(pod),
+        Fixture::new().service("big", svc),
+    )
+    .await;
     let client = xds_pod(certs, pod, &cp).await;
     let out = pod.outbound();
     // Subscribe (the request itself may land on any endpoint; most are not there).
@@ -202,7 +207,7 @@ async fn rss_of_subscriptions(certs: &Certs, id: &str) {
         }
         fx = fx.service(&format!("s{s}"), svc);
     }
-    let cp = ControlPlane::start(cp_listen(pod), fx).await;
+    let cp = ControlPlane::start(Server::Tonic, cp_listen(pod), fx).await;
     let client = xds_pod(certs, pod, &cp).await;
     tokio::time::sleep(SETTLE).await;
     let idle = client.rss_kib();
@@ -286,6 +291,7 @@ async fn steady_state_cpu(net: &Net, certs: &Certs, id: &str, server: PodNet, li
         .start()
         .await;
     let cp = ControlPlane::start(
+        Server::Tonic,
         cp_listen(xds_pod_net),
         Fixture::new().service("payments", Service::new(id).endpoint(live)),
     )

@@ -448,8 +448,7 @@ async fn idle_tcp_connections_are_closed() {
 /// With a control plane, a mesh name the client has never asked for resolves on its first
 /// query: the listener asks the control plane and waits for the answer; a name the control
 /// plane does not know gets NXDOMAIN.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_demand_names_resolve_on_first_query() {
+async fn on_demand_names_resolve_on_first_query(server: common::xds::Server) {
     use common::xds::*;
     let net = Net::fresh();
     let pod = net.pod(0);
@@ -459,7 +458,7 @@ async fn on_demand_names_resolve_on_first_query() {
         Service::new(&certs.spiffe_id(PAYMENTS))
             .endpoint(Endpoint::new(net.pod(1).proxy_ip(), &[8080])),
     );
-    let cp = ControlPlane::start(Listen::Tcp(cp_addr(&net)), fixture).await;
+    let cp = ControlPlane::start(server, Listen::Tcp(cp_addr(&net)), fixture).await;
     let _client = xds_client(&certs, pod, &cp.address(), &[], &dns_yaml(pod, false)).await;
     let sock = client_socket(pod.extra(0)).await;
     let server = dns_addr(pod);
@@ -889,3 +888,5 @@ async fn forwarding_is_bounded() {
         .count();
     assert_eq!(early, total - 1024, "answered at once: {early}");
 }
+
+on_both_control_planes!(on_demand_names_resolve_on_first_query,);

@@ -160,8 +160,7 @@ async fn send(apps: &Apps, out: std::net::SocketAddr, authority: &str, path: &st
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn envoy_accepts_the_resources_and_routes_like_aether() {
+async fn envoy_accepts_the_resources_and_routes_like_aether(server: common::xds::Server) {
     // Found before anything starts: a missing Envoy fails here, with how to install it.
     let (envoy_path, envoy_version) = envoy_bin();
     let t0 = Instant::now();
@@ -231,7 +230,7 @@ async fn envoy_accepts_the_resources_and_routes_like_aether() {
             "mimic",
             Service::new(&certs.spiffe_id(PAYMENTS)).endpoint(Endpoint::new(p6.proxy_ip(), &[])),
         );
-    let cp = ControlPlane::start(Listen::Tcp(cp_addr(&net)), fx).await;
+    let cp = ControlPlane::start(server, Listen::Tcp(cp_addr(&net)), fx).await;
     let _record = RecordOnPanic(&cp);
 
     let timeout = format!("cluster_timeout: {}s", DISCOVERY_TIMEOUT.as_secs());
@@ -520,3 +519,5 @@ impl Drop for RecordOnPanic<'_> {
 fn short_type(type_url: &str) -> &str {
     type_url.rsplit('.').next().unwrap_or(type_url)
 }
+
+on_both_control_planes!(envoy_accepts_the_resources_and_routes_like_aether,);

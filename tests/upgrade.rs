@@ -516,8 +516,7 @@ async fn the_idle_timeout_closes_an_idle_upgraded_connection() {
 
 /// A real Envoy 1.40 as the client pod (fed by the test control plane, `upgrade_configs:
 /// [websocket]` on its listener), an aether-proxy server pod: the same WebSocket exchange.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn websocket_from_an_envoy_client_pod_to_an_aether_server_pod() {
+async fn websocket_from_an_envoy_client_pod_to_an_aether_server_pod(server: common::xds::Server) {
     use common::envoy::{envoy_bin, Bootstrap, Envoy};
     use common::xds::{cp_addr, ControlPlane, Endpoint, Fixture, Listen, Service};
 
@@ -544,7 +543,7 @@ async fn websocket_from_an_envoy_client_pod_to_an_aether_server_pod() {
             Service::new(&certs.spiffe_id(PAYMENTS))
                 .endpoint(Endpoint::new(server_pod.proxy_ip(), &[9002])),
         );
-    let _cp = ControlPlane::start(Listen::Tcp(cp_addr(&net)), fx).await;
+    let _cp = ControlPlane::start(server, Listen::Tcp(cp_addr(&net)), fx).await;
     let node_id = format!("sidecar~{}~frontend-envoy.default", envoy_pod.proxy_ip());
     let envoy = Envoy::start(
         &envoy_path,
@@ -589,3 +588,5 @@ async fn websocket_from_an_envoy_client_pod_to_an_aether_server_pod() {
         "the close comes back: {got:?}"
     );
 }
+
+on_both_control_planes!(websocket_from_an_envoy_client_pod_to_an_aether_server_pod,);

@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::future::Future;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -31,7 +32,7 @@ use envoy_types::pb::google::protobuf::value::Kind;
 use envoy_types::pb::google::rpc;
 use hyper_util::rt::TokioIo;
 use prost::Message;
-use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::transport::{Channel, Endpoint as TonicEndpoint, Uri};
 use tonic::Streaming;
@@ -60,25 +61,72 @@ fn fixture(c: &Certs, p1: IpAddr, p2: IpAddr) -> Fixture {
         .identity(c, "frontend")
 }
 
+/// A streaming call's responses. The call is awaited in a task of its own: a gRPC server may
+/// send its response headers only with its first response (grpcio does), so awaiting the call
+/// before sending would wait for ever. Dropping it cancels the call.
+struct Responses<T> {
+    rx: UnboundedReceiver<Result<T, tonic::Status>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl<T: Send + 'static> Responses<T> {
+    fn start(
+        call: impl Future<Output = Result<tonic::Response<Streaming<T>>, tonic::Status>>
+            + Send
+            + 'static,
+    ) -> Responses<T> {
+        let (tx, rx) = unbounded_channel();
+        let task = tokio::spawn(async move {
+            let mut stream = match call.await {
+                Ok(r) => r.into_inner(),
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            };
+            loop {
+                let m = stream.message().await;
+                let end = !matches!(m, Ok(Some(_)));
+                if let Some(m) = m.transpose() {
+                    if tx.send(m).is_err() {
+                        return;
+                    }
+                }
+                if end {
+                    return;
+                }
+            }
+        });
+        Responses { rx, task }
+    }
+
+    /// As `Streaming::message`: `Ok(None)` once the stream ended.
+    async fn message(&mut self) -> Result<Option<T>, tonic::Status> {
+        self.rx.recv().await.transpose()
+    }
+}
+
+impl<T> Drop for Responses<T> {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// A delta ADS client: requests go in through `tx`, responses come out of `rx`.
 struct DeltaClient {
     tx: UnboundedSender<DeltaDiscoveryRequest>,
-    rx: Streaming<DeltaDiscoveryResponse>,
+    rx: Responses<DeltaDiscoveryResponse>,
 }
 
 impl DeltaClient {
     async fn open(channel: Channel) -> DeltaClient {
         let (tx, reqs) = unbounded_channel();
         let mut client = AggregatedDiscoveryServiceClient::new(channel);
-        let rx = within(
-            IO_TIMEOUT,
-            "DeltaAggregatedResources",
-            client.delta_aggregated_resources(UnboundedReceiverStream::new(reqs)),
-        )
-        .await
-        .unwrap()
-        .expect("the stream opens")
-        .into_inner();
+        let rx = Responses::start(async move {
+            client
+                .delta_aggregated_resources(UnboundedReceiverStream::new(reqs))
+                .await
+        });
         DeltaClient { tx, rx }
     }
 
@@ -194,8 +242,7 @@ async fn unix_channel(path: PathBuf) -> Channel {
 
 /// Subscribes, gets resources shaped as SPEC 9 describes, absences in `removed_resources`,
 /// pushes after `set`, nothing after an unsubscribe; ACKs, NACKs and the node are recorded.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn delta_ads_answers_pushes_and_records() {
+async fn delta_ads_answers_pushes_and_records(server: common::xds::Server) {
     let net = Net::fresh();
     let c = certs();
     let (p1, p2, p3) = (
@@ -203,7 +250,7 @@ async fn delta_ads_answers_pushes_and_records() {
         net.pod(2).proxy_ip(),
         net.pod(3).proxy_ip(),
     );
-    let cp = ControlPlane::start(Listen::Tcp(cp_addr(&net)), fixture(&c, p1, p2)).await;
+    let cp = ControlPlane::start(server, Listen::Tcp(cp_addr(&net)), fixture(&c, p1, p2)).await;
     // Exactly what changed, nothing more (the Istio-style assignment resend is tested below).
     cp.resend_assignments(false);
     let mut s = DeltaClient::open(tcp_channel(cp_addr(&net)).await).await;
@@ -510,13 +557,12 @@ async fn delta_ads_answers_pushes_and_records() {
 /// a new stream with `initial_resource_versions` gets only what changed; `drop_streams` ends
 /// streams with UNAVAILABLE; `stop` cuts the connection and `serve` comes back on the same
 /// address; `StreamAggregatedResources` is unimplemented.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn overrides_resends_reconnects_and_restarts() {
+async fn overrides_resends_reconnects_and_restarts(server: common::xds::Server) {
     let net = Net::fresh();
     let c = certs();
     let (p1, p2) = (net.pod(1).proxy_ip(), net.pod(2).proxy_ip());
     let addr = cp_addr(&net);
-    let cp = ControlPlane::start(Listen::Tcp(addr), fixture(&c, p1, p2)).await;
+    let cp = ControlPlane::start(server, Listen::Tcp(addr), fixture(&c, p1, p2)).await;
     let mut s = DeltaClient::open(tcp_channel(addr).await).await;
     let name = "payments.aether.internal:9090";
     s.subscribe(CLUSTER_TYPE, &[SVC, name], Some(node()));
@@ -696,7 +742,7 @@ fn sds_request(names: &[&str], nonce: &str) -> DiscoveryRequest {
     }
 }
 
-async fn sds_next(rx: &mut Streaming<DiscoveryResponse>) -> DiscoveryResponse {
+async fn sds_next(rx: &mut Responses<DiscoveryResponse>) -> DiscoveryResponse {
     within(IO_TIMEOUT, "an SDS response", rx.message())
         .await
         .unwrap()
@@ -711,27 +757,25 @@ fn secret_of(r: &DiscoveryResponse) -> Secret {
 
 /// SDS on a unix socket: one stream per secret, answered once the secret exists, pushed when it
 /// changes; the same secrets over delta ADS.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sds_over_a_unix_socket() {
+async fn sds_over_a_unix_socket(server: common::xds::Server) {
     let c = certs();
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("xds.sock");
     // No secrets yet: the stream waits.
-    let cp = ControlPlane::start(Listen::Unix(sock.clone()), Fixture::new()).await;
+    let cp = ControlPlane::start(server, Listen::Unix(sock.clone()), Fixture::new()).await;
     assert_eq!(cp.address(), format!("unix://{}", sock.display()));
     let channel = unix_channel(sock.clone()).await;
     let mut client = SecretDiscoveryServiceClient::new(channel.clone());
     let (tx, reqs) = unbounded_channel();
     tx.send(sds_request(&["default"], "")).unwrap();
-    let mut rx = within(
-        IO_TIMEOUT,
-        "StreamSecrets",
-        client.stream_secrets(UnboundedReceiverStream::new(reqs)),
-    )
-    .await
-    .unwrap()
-    .unwrap()
-    .into_inner();
+    let mut rx = {
+        let mut client = client.clone();
+        Responses::start(async move {
+            client
+                .stream_secrets(UnboundedReceiverStream::new(reqs))
+                .await
+        })
+    };
     if let Ok(m) = tokio::time::timeout(Duration::from_millis(300), rx.message()).await {
         panic!("no secret exists yet, got {m:?}");
     }
@@ -763,11 +807,11 @@ async fn sds_over_a_unix_socket() {
     // ROOTCA on its own stream.
     let (tx2, reqs2) = unbounded_channel();
     tx2.send(sds_request(&["ROOTCA"], "")).unwrap();
-    let mut rx2 = client
-        .stream_secrets(UnboundedReceiverStream::new(reqs2))
-        .await
-        .unwrap()
-        .into_inner();
+    let mut rx2 = Responses::start(async move {
+        client
+            .stream_secrets(UnboundedReceiverStream::new(reqs2))
+            .await
+    });
     let r2 = sds_next(&mut rx2).await;
     let s2 = secret_of(&r2);
     assert_eq!(s2.name, "ROOTCA");
@@ -826,3 +870,9 @@ async fn sds_over_a_unix_socket() {
     d.subscribe(SECRET_TYPE, &["ROOTCA"], Some(node()));
     assert_eq!(resources_named(&d.next().await), vec!["ROOTCA".to_string()]);
 }
+
+on_both_control_planes!(
+    delta_ads_answers_pushes_and_records,
+    overrides_resends_reconnects_and_restarts,
+    sds_over_a_unix_socket,
+);

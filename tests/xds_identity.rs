@@ -36,8 +36,7 @@ fn xfcc_hash(r: &Reply) -> String {
 /// while the control plane is not there (started late), ready once it serves the secrets;
 /// traffic uses the SDS identity; rotating `default` to a new leaf shows on the server side
 /// without a restart.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sds_identity_and_ads_over_a_unix_socket() {
+async fn sds_identity_and_ads_over_a_unix_socket(server: common::xds::Server) {
     let net = Net::fresh();
     let (client_pod, p1) = (net.pod(0), net.pod(1));
     let certs = certs();
@@ -57,7 +56,7 @@ async fn sds_identity_and_ads_over_a_unix_socket() {
                 .endpoint(Endpoint::new(p1.proxy_ip(), &[8080])),
         )
         .identity(&certs, "frontend");
-    let cp = ControlPlane::new(Listen::Unix(sock.clone()), fx);
+    let cp = ControlPlane::new(server, Listen::Unix(sock.clone()), fx);
     let config = sds_client_config(&certs, client_pod, &cp.address());
     let mut client = Proxy::builder(&config, "").no_wait().start().await;
 
@@ -164,3 +163,5 @@ async fn sds_identity_and_ads_over_a_unix_socket() {
     assert_eq!(client.pid(), pid, "no restart");
     assert!(cp.nacks().is_empty(), "{:?}", cp.nacks());
 }
+
+on_both_control_planes!(sds_identity_and_ads_over_a_unix_socket,);

@@ -29,8 +29,7 @@ fn names(v: &[&str]) -> BTreeSet<String> {
 /// does not. Which Cluster names the client subscribed to is part of the contract: the default
 /// Cluster first, `svc:P` only for a port that may exist, never `svc:<default>`, nothing for a
 /// foreign authority or for ports of an unknown service.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn authority_table_over_xds() {
+async fn authority_table_over_xds(server: common::xds::Server) {
     let net = Net::fresh();
     let (client_pod, p1, p2, p3) = (net.pod(0), net.pod(1), net.pod(2), net.pod(3));
     let certs = certs();
@@ -56,7 +55,7 @@ async fn authority_table_over_xds() {
                 .without_ports_metadata()
                 .endpoint(Endpoint::new(p3.proxy_ip(), &[8080, 9090])),
         );
-    let cp = ControlPlane::start(Listen::Tcp(cp_addr(&net)), fx).await;
+    let cp = ControlPlane::start(server, Listen::Tcp(cp_addr(&net)), fx).await;
     let client = xds_client(&certs, client_pod, &cp.address(), &[], "").await;
     let out = client_pod.outbound();
 
@@ -182,8 +181,7 @@ async fn authority_table_over_xds() {
 
 /// 50 concurrent first requests, half for the default port and half for 9090, against a cold
 /// client: one subscription per name.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_first_requests_share_one_subscription() {
+async fn concurrent_first_requests_share_one_subscription(server: common::xds::Server) {
     let net = Net::fresh();
     let (client_pod, p1) = (net.pod(0), net.pod(1));
     let certs = certs();
@@ -195,7 +193,7 @@ async fn concurrent_first_requests_share_one_subscription() {
         Service::new(&certs.spiffe_id(PAYMENTS))
             .endpoint(Endpoint::new(p1.proxy_ip(), &[8080, 9090])),
     );
-    let cp = ControlPlane::start(Listen::Tcp(cp_addr(&net)), fx).await;
+    let cp = ControlPlane::start(server, Listen::Tcp(cp_addr(&net)), fx).await;
     let _client = xds_client(&certs, client_pod, &cp.address(), &[], "").await;
     let out = client_pod.outbound();
 
@@ -248,14 +246,13 @@ async fn concurrent_first_requests_share_one_subscription() {
 /// An absence is remembered: the second request for an unknown service is answered at once
 /// with no new subscription; when the control plane later adds the service, the next request
 /// works, without a restart and without a new subscription; removing it again is seen too.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn absence_is_remembered_and_a_later_push_fills_it() {
+async fn absence_is_remembered_and_a_later_push_fills_it(server: common::xds::Server) {
     let net = Net::fresh();
     let (client_pod, p1) = (net.pod(0), net.pod(1));
     let certs = certs();
     let app = HttpApp::auto(p1.app(8080)).await;
     let _s1 = server_proxy(&certs, p1, "payments", &AUTO_8080_9090).await;
-    let cp = ControlPlane::start(Listen::Tcp(cp_addr(&net)), Fixture::new()).await;
+    let cp = ControlPlane::start(server, Listen::Tcp(cp_addr(&net)), Fixture::new()).await;
     let client = xds_client(&certs, client_pod, &cp.address(), &[], "").await;
     let out = client_pod.outbound();
     let pid = client.pid();
@@ -337,8 +334,7 @@ async fn absence_is_remembered_and_a_later_push_fills_it() {
 /// A name the control plane never answers: 503 `discovery-timeout` after `cluster_timeout`
 /// (2 s here), for the default Cluster, a port's Cluster and an assignment alike; once the
 /// control plane answers, the next request works.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn discovery_timeout_when_the_control_plane_holds_a_name() {
+async fn discovery_timeout_when_the_control_plane_holds_a_name(server: common::xds::Server) {
     let net = Net::fresh();
     let (client_pod, p1) = (net.pod(0), net.pod(1));
     let certs = certs();
@@ -352,7 +348,7 @@ async fn discovery_timeout_when_the_control_plane_holds_a_name() {
         .service("slow", svc(PAYMENTS))
         .service("payments", svc(PAYMENTS))
         .service("orders", svc(PAYMENTS));
-    let cp = ControlPlane::start(Listen::Tcp(cp_addr(&net)), fx).await;
+    let cp = ControlPlane::start(server, Listen::Tcp(cp_addr(&net)), fx).await;
     cp.hold("slow.aether.internal");
     cp.hold("payments.aether.internal:9090");
     cp.hold("outbound|8080||orders.aether.internal");
@@ -423,8 +419,7 @@ async fn discovery_timeout_when_the_control_plane_holds_a_name() {
 
 /// `idle: 2s`: a Cluster unused that long is unsubscribed and leaves `/clusters`, while one in
 /// use stays; a later request subscribes again and works.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn idle_clusters_are_unsubscribed() {
+async fn idle_clusters_are_unsubscribed(server: common::xds::Server) {
     let net = Net::fresh();
     let (client_pod, p1) = (net.pod(0), net.pod(1));
     let certs = certs();
@@ -436,7 +431,7 @@ async fn idle_clusters_are_unsubscribed() {
         Service::new(&certs.spiffe_id(PAYMENTS))
             .endpoint(Endpoint::new(p1.proxy_ip(), &[8080, 9090])),
     );
-    let cp = ControlPlane::start(Listen::Tcp(cp_addr(&net)), fx).await;
+    let cp = ControlPlane::start(server, Listen::Tcp(cp_addr(&net)), fx).await;
     let client = xds_client(&certs, client_pod, &cp.address(), &["idle: 2s"], "").await;
     let out = client_pod.outbound();
     let p9090 = "payments.aether.internal:9090";
@@ -495,8 +490,7 @@ async fn idle_clusters_are_unsubscribed() {
 /// The first request on the stream names the node (id, cluster from the config, locality,
 /// `user_agent_name: aether-proxy`); without them, `node.cluster` is the identity's service
 /// account. Every response is ACKed with its nonce.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn node_identification_and_acks() {
+async fn node_identification_and_acks(server: common::xds::Server) {
     let net = Net::fresh();
     let (client_pod, p1, other_pod) = (net.pod(0), net.pod(1), net.pod(2));
     let certs = certs();
@@ -508,7 +502,7 @@ async fn node_identification_and_acks() {
         Service::new(&certs.spiffe_id(PAYMENTS))
             .endpoint(Endpoint::new(p1.proxy_ip(), &[8080, 9090])),
     );
-    let cp = ControlPlane::start(Listen::Tcp(cp_addr(&net)), fx).await;
+    let cp = ControlPlane::start(server, Listen::Tcp(cp_addr(&net)), fx).await;
     let node_id = format!("sidecar~{}~frontend-7d9f.default", client_pod.proxy_ip());
     let _client = xds_client(
         &certs,
@@ -577,8 +571,7 @@ async fn node_identification_and_acks() {
 
 /// The aether fields of a Cluster: `protocol: tcp` (CONNECT tunnels, plain HTTP refused),
 /// `request_timeout`, and `routes` (a header match onto a labelled subset from `envoy.lb`).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cluster_metadata_tcp_timeout_and_routes() {
+async fn cluster_metadata_tcp_timeout_and_routes(server: common::xds::Server) {
     let net = Net::fresh();
     let (client_pod, p1, p2) = (net.pod(0), net.pod(1), net.pod(2));
     let certs = certs();
@@ -602,7 +595,7 @@ async fn cluster_metadata_tcp_timeout_and_routes() {
             .endpoint(Endpoint::new(p1.proxy_ip(), &[8080, 5432]).label("version", "v1"))
             .endpoint(Endpoint::new(p2.proxy_ip(), &[8080]).label("version", "v2")),
     );
-    let cp = ControlPlane::start(Listen::Tcp(cp_addr(&net)), fx).await;
+    let cp = ControlPlane::start(server, Listen::Tcp(cp_addr(&net)), fx).await;
     let _client = xds_client(&certs, client_pod, &cp.address(), &[], "").await;
     let out = client_pod.outbound();
 
@@ -670,3 +663,13 @@ async fn cluster_metadata_tcp_timeout_and_routes() {
         Err(TunnelError::Failed(e)) => panic!("CONNECT to 8080: {e}"),
     }
 }
+
+on_both_control_planes!(
+    authority_table_over_xds,
+    concurrent_first_requests_share_one_subscription,
+    absence_is_remembered_and_a_later_push_fills_it,
+    discovery_timeout_when_the_control_plane_holds_a_name,
+    idle_clusters_are_unsubscribed,
+    node_identification_and_acks,
+    cluster_metadata_tcp_timeout_and_routes,
+);

@@ -76,8 +76,7 @@ async fn wait_endpoints(
 /// Invalid Clusters (SNI not a port, no URI SAN matcher, a zero, negative or too long connect
 /// timeout) are NACKed with a message naming the resource and the field; the last good Cluster
 /// keeps serving; `/config_dump` shows the NACK and the good version; the nack counter grows.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn invalid_clusters_are_nacked_and_the_last_good_one_stays() {
+async fn invalid_clusters_are_nacked_and_the_last_good_one_stays(server: common::xds::Server) {
     let net = Net::fresh();
     let (client_pod, p1) = (net.pod(0), net.pod(1));
     let certs = certs();
@@ -89,7 +88,7 @@ async fn invalid_clusters_are_nacked_and_the_last_good_one_stays() {
         Service::new(&certs.spiffe_id(PAYMENTS))
             .endpoint(Endpoint::new(p1.proxy_ip(), &[8080, 9090])),
     );
-    let cp = ControlPlane::start(Listen::Tcp(cp_addr(&net)), fx).await;
+    let cp = ControlPlane::start(server, Listen::Tcp(cp_addr(&net)), fx).await;
     let client = xds_client(&certs, client_pod, &cp.address(), &[], "").await;
     let out = client_pod.outbound();
     let name = "payments.aether.internal:9090";
@@ -231,8 +230,7 @@ async fn invalid_clusters_are_nacked_and_the_last_good_one_stays() {
 /// Endpoint pushes (a pod joins, one leaves, one drains) apply without a restart; an unchanged
 /// resend changes nothing (no new upstream handshake); a pin change applies to new requests,
 /// pooled connections included.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pushed_endpoint_and_identity_changes_apply_without_restart() {
+async fn pushed_endpoint_and_identity_changes_apply_without_restart(server: common::xds::Server) {
     let net = Net::fresh();
     let (client_pod, p1, p2, p3) = (net.pod(0), net.pod(1), net.pod(2), net.pod(3));
     let certs = certs();
@@ -247,7 +245,7 @@ async fn pushed_endpoint_and_identity_changes_apply_without_restart() {
         "payments",
         Service::new(&certs.spiffe_id(PAYMENTS)).endpoint(Endpoint::new(p1.proxy_ip(), &[8080])),
     );
-    let cp = ControlPlane::start(Listen::Tcp(cp_addr(&net)), fx).await;
+    let cp = ControlPlane::start(server, Listen::Tcp(cp_addr(&net)), fx).await;
     let client = xds_client(&certs, client_pod, &cp.address(), &[], "").await;
     let out = client_pod.outbound();
     let pid = client.pid();
@@ -404,8 +402,7 @@ async fn pushed_endpoint_and_identity_changes_apply_without_restart() {
 /// any more is `port-not-exposed` (from `aether.io.ports` for `payments`, from the removed
 /// `svc:9090` Cluster for `orders`), an assignment whose pods all drain is `no-endpoints`, and
 /// a service the control plane removes is `unknown-service`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pushed_absences_on_live_clusters() {
+async fn pushed_absences_on_live_clusters(server: common::xds::Server) {
     let net = Net::fresh();
     let (client_pod, p1) = (net.pod(0), net.pod(1));
     let certs = certs();
@@ -419,7 +416,7 @@ async fn pushed_absences_on_live_clusters() {
     let fx = Fixture::new()
         .service("payments", svc())
         .service("orders", svc().without_ports_metadata());
-    let cp = ControlPlane::start(Listen::Tcp(cp_addr(&net)), fx).await;
+    let cp = ControlPlane::start(server, Listen::Tcp(cp_addr(&net)), fx).await;
     let _client = xds_client(&certs, client_pod, &cp.address(), &[], "").await;
     let out = client_pod.outbound();
     let all = [
@@ -533,7 +530,7 @@ async fn pushed_absences_on_live_clusters() {
 /// 9091 too), v2 pods [8080, 9091]. While a client calls `:9091` without pause, v2 pods are
 /// added one by one and v1 pods removed. No 9091 request reaches a v1 pod; nothing fails;
 /// the only error answer is `port-not-exposed`, and only before the first v2 pod answered.
-async fn rollout(ports_metadata: bool) {
+async fn rollout(server: Server, ports_metadata: bool) {
     let net = Net::fresh();
     let client_pod = net.pod(0);
     let (v1a, v1b, v2a, v2b) = (net.pod(1), net.pod(2), net.pod(3), net.pod(4));
@@ -558,6 +555,7 @@ async fn rollout(ports_metadata: bool) {
         svc = svc.without_ports_metadata();
     }
     let cp = ControlPlane::start(
+        server,
         Listen::Tcp(cp_addr(&net)),
         Fixture::new().service("payments", svc),
     )
@@ -628,14 +626,12 @@ async fn rollout(ports_metadata: bool) {
     assert_eq!(cp.subscribes(authority), 1, "{}", cp.summary());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rollout_by_pushes_with_ports_metadata() {
-    rollout(true).await;
+async fn rollout_by_pushes_with_ports_metadata(server: Server) {
+    rollout(server, true).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rollout_by_pushes_without_ports_metadata() {
-    rollout(false).await;
+async fn rollout_by_pushes_without_ports_metadata(server: Server) {
+    rollout(server, false).await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -646,8 +642,7 @@ async fn rollout_by_pushes_without_ports_metadata() {
 /// a known cluster fails meanwhile; `aether_xds_connected` goes 0 then 1; a change made while
 /// it was away applies after the reconnect, which carries `initial_resource_versions`. Then the
 /// control plane ends the stream alone: a new one, with the current versions, no failed request.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn control_plane_restart_loses_no_traffic() {
+async fn control_plane_restart_loses_no_traffic(server: common::xds::Server) {
     let net = Net::fresh();
     let (client_pod, p1, p2) = (net.pod(0), net.pod(1), net.pod(2));
     let certs = certs();
@@ -660,7 +655,7 @@ async fn control_plane_restart_loses_no_traffic() {
         "payments",
         Service::new(&certs.spiffe_id(PAYMENTS)).endpoint(Endpoint::new(p1.proxy_ip(), &[8080])),
     );
-    let cp = ControlPlane::start(Listen::Tcp(cp_addr(&net)), fx).await;
+    let cp = ControlPlane::start(server, Listen::Tcp(cp_addr(&net)), fx).await;
     let client = xds_client(&certs, client_pod, &cp.address(), &[], "").await;
     let out = client_pod.outbound();
     let connected = "aether_xds_connected";
@@ -804,3 +799,12 @@ async fn control_plane_restart_loses_no_traffic() {
         cp.summary()
     );
 }
+
+on_both_control_planes!(
+    rollout_by_pushes_with_ports_metadata,
+    rollout_by_pushes_without_ports_metadata,
+    invalid_clusters_are_nacked_and_the_last_good_one_stays,
+    pushed_endpoint_and_identity_changes_apply_without_restart,
+    pushed_absences_on_live_clusters,
+    control_plane_restart_loses_no_traffic,
+);

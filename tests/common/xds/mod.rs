@@ -31,6 +31,7 @@
 //! Not re-exported by `common`: `use common::xds::*;`.
 
 pub mod fixture;
+mod grpcio;
 pub mod resources;
 mod server;
 mod state;
@@ -62,11 +63,54 @@ pub fn cp_addr(net: &Net) -> SocketAddr {
     SocketAddr::new(net.pod(15).proxy_ip(), 18000)
 }
 
+/// Which gRPC server a control plane is served by; the state behind both is the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Server {
+    /// tonic, in the test process: response headers as soon as a stream is accepted.
+    Tonic,
+    /// The gRPC project's Python server (`grpcio_control_plane.py`): response headers only
+    /// with the first response, as grpc-go and gRPC C++ send them.
+    Grpcio,
+}
+
+/// Runs `async fn $name(server: Server)` once per control-plane server, as the tests
+/// `$name::tonic` and `$name::grpcio`.
+#[macro_export]
+macro_rules! on_both_control_planes {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn tonic() {
+                super::$name($crate::common::xds::Server::Tonic).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn grpcio() {
+                super::$name($crate::common::xds::Server::Grpcio).await
+            }
+        }
+    )*};
+}
+
+enum Running {
+    Tonic(server::Running),
+    Grpcio(Box<grpcio::Running>),
+}
+
+impl Running {
+    async fn stop(self) {
+        match self {
+            Running::Tonic(r) => r.stop().await,
+            Running::Grpcio(r) => r.stop().await,
+        }
+    }
+}
+
 /// A test control plane. Stops serving when dropped.
 pub struct ControlPlane {
     state: Arc<State>,
+    server: Server,
     listen: Listen,
-    running: Mutex<Option<server::Running>>,
+    running: Mutex<Option<Running>>,
 }
 
 impl Drop for ControlPlane {
@@ -82,20 +126,22 @@ impl Drop for ControlPlane {
 }
 
 impl ControlPlane {
-    /// A control plane for `listen` with `fixture`, not serving yet ([`ControlPlane::serve`]).
-    pub fn new(listen: Listen, fixture: Fixture) -> ControlPlane {
+    /// A control plane for `listen` with `fixture`, served by `server` once
+    /// [`ControlPlane::serve`] is called.
+    pub fn new(server: Server, listen: Listen, fixture: Fixture) -> ControlPlane {
         let state = State::new(fixture);
         state.lock().resend_assignments = true;
         ControlPlane {
             state: Arc::new(state),
+            server,
             listen,
             running: Mutex::new(None),
         }
     }
 
     /// [`ControlPlane::new`], then serving.
-    pub async fn start(listen: Listen, fixture: Fixture) -> ControlPlane {
-        let cp = ControlPlane::new(listen, fixture);
+    pub async fn start(server: Server, listen: Listen, fixture: Fixture) -> ControlPlane {
+        let cp = ControlPlane::new(server, listen, fixture);
         cp.serve().await;
         cp
     }
@@ -103,8 +149,29 @@ impl ControlPlane {
     /// Starts serving (again) on its address.
     pub async fn serve(&self) {
         assert!(!self.is_serving(), "the control plane is already serving");
-        let r = server::serve(self.state.clone(), &self.listen).await;
+        let r = match self.server {
+            Server::Tonic => Running::Tonic(server::serve(self.state.clone(), &self.listen).await),
+            Server::Grpcio => Running::Grpcio(Box::new(
+                grpcio::serve(self.state.clone(), &self.listen).await,
+            )),
+        };
         *self.running.lock().unwrap() = Some(r);
+    }
+
+    pub fn server(&self) -> Server {
+        self.server
+    }
+
+    /// A graceful restart of the grpcio server: a new process takes the address, the old one
+    /// sends GOAWAY and cancels its streams after its grace period (1 s). Returns once the old
+    /// one has exited.
+    pub async fn restart_gracefully(&self) {
+        let running = self.running.lock().unwrap().take();
+        let Some(Running::Grpcio(mut r)) = running else {
+            panic!("a graceful restart is a grpcio control plane's");
+        };
+        r.restart_gracefully().await;
+        *self.running.lock().unwrap() = Some(Running::Grpcio(r));
     }
 
     /// Kills it: every connection is cut, the listener closed, every stream ended. The state
@@ -161,6 +228,16 @@ impl ControlPlane {
         Cluster::decode(r.any.value.as_slice()).expect("a Cluster")
     }
 
+    /// The encoded size of the resource served now for (type, name).
+    pub fn encoded_len(&self, type_url: &str, name: &str) -> usize {
+        let k: Key = (type_url.to_string(), name.to_string());
+        let st = self.state.lock();
+        let r = st
+            .current(&k)
+            .unwrap_or_else(|| panic!("no {type_url} {name}"));
+        r.any.value.len()
+    }
+
     /// Serves `cluster` (typically invalid) as the Cluster `name` instead of the fixture's, and
     /// pushes it.
     pub fn serve_invalid(&self, name: &str, cluster: Cluster) {
@@ -204,6 +281,25 @@ impl ControlPlane {
     /// unchanged (Envoy does not ask for a name it already watches). Off: only what changed.
     pub fn resend_assignments(&self, on: bool) {
         self.state.lock().resend_assignments = on;
+    }
+
+    /// From now on every new stream (ADS and SDS) is ended with `status` as soon as it is
+    /// accepted, before any response; None: streams are served again.
+    pub fn refuse_streams(&self, status: Option<Status>) {
+        self.state.lock().refuse = status;
+    }
+
+    /// As servers that treat a node as a wildcard subscriber do: on a stream's first request,
+    /// every Cluster and every assignment of the fixture is subscribed for it and sent, whatever
+    /// it asked for (assignments before any request of their type).
+    pub fn wildcard(&self, on: bool) {
+        self.state.lock().wildcard = on;
+    }
+
+    /// Sends every ADS stream a response of `type_url` whose only content is `name` in
+    /// `removed_resources`; returns the nonces.
+    pub fn send_removed(&self, type_url: &str, name: &str) -> Vec<String> {
+        self.state.lock().send_removed(type_url, name)
     }
 
     /// Ends every open stream with UNAVAILABLE (the connections stay), so clients reconnect.

@@ -126,6 +126,8 @@ struct AdsStream {
     subscribed: BTreeSet<Key>,
     /// What the client was told last: Some(version) or None (removed). Missing: nothing yet.
     known: BTreeMap<Key, Option<String>>,
+    /// Subscribed to everything by the server (`Inner::wildcard`).
+    wildcarded: bool,
 }
 
 struct SdsStream {
@@ -150,6 +152,10 @@ pub struct Inner {
     /// Istio's habit: after a Cluster update, resend its assignment (unchanged) too, since
     /// Envoy does not ask for it again.
     pub resend_assignments: bool,
+    /// New streams are ended with this status as soon as they open.
+    pub refuse: Option<Status>,
+    /// A stream's first request subscribes it to every Cluster and assignment.
+    pub wildcard: bool,
 }
 
 /// The shared state behind a control plane.
@@ -214,8 +220,10 @@ impl Inner {
                 tx,
                 subscribed: BTreeSet::new(),
                 known: BTreeMap::new(),
+                wildcarded: false,
             },
         );
+        self.refuse_if_asked(id);
         id
     }
 
@@ -229,7 +237,21 @@ impl Inner {
                 sent: BTreeMap::new(),
             },
         );
+        self.refuse_if_asked(id);
         id
+    }
+
+    fn refuse_if_asked(&mut self, id: u64) {
+        let Some(status) = self.refuse.clone() else {
+            return;
+        };
+        if let Some(s) = self.ads.get(&id) {
+            let _ = s.tx.send(Err(status.clone()));
+        }
+        if let Some(s) = self.sds.get(&id) {
+            let _ = s.tx.send(Err(status));
+        }
+        self.close(id);
     }
 
     pub fn close(&mut self, id: u64) {
@@ -310,6 +332,14 @@ impl Inner {
             let key = (t.clone(), n);
             if !fresh.contains(&key) && st.subscribed.contains(&key) {
                 fresh.push(key);
+            }
+        }
+        if self.wildcard && !st.wildcarded {
+            st.wildcarded = true;
+            for key in self.built.keys().filter(|k| k.0 != SECRET_TYPE) {
+                if st.subscribed.insert(key.clone()) {
+                    fresh.push(key.clone());
+                }
             }
         }
         // A Cluster whose EDS name the client already has (another Cluster shares it) is
@@ -538,6 +568,36 @@ impl Inner {
         for id in ids {
             self.sds_respond(id, false);
         }
+    }
+
+    /// Sends every ADS stream a response of `type_url` removing `name`, and nothing else.
+    pub fn send_removed(&mut self, type_url: &str, name: &str) -> Vec<String> {
+        let mut nonces = Vec::new();
+        let ids: Vec<u64> = self.ads.keys().copied().collect();
+        for id in ids {
+            let nonce = self.nonce();
+            let resp = DeltaDiscoveryResponse {
+                system_version_info: nonce.clone(),
+                type_url: type_url.to_string(),
+                nonce: nonce.clone(),
+                removed_resources: vec![name.to_string()],
+                ..Default::default()
+            };
+            if self.ads[&id].tx.send(Ok(resp)).is_err() {
+                continue;
+            }
+            if let Some(rec) = self.records.get_mut(id as usize) {
+                rec.responses.push(Response {
+                    at: Instant::now(),
+                    type_url: type_url.to_string(),
+                    nonce: nonce.clone(),
+                    resources: Vec::new(),
+                    removed: vec![name.to_string()],
+                });
+            }
+            nonces.push(nonce);
+        }
+        nonces
     }
 
     /// Sends `name` again (same version) to every stream subscribed to it; returns the nonces.
