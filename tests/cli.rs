@@ -26,7 +26,11 @@ fn stderr(o: &Output) -> String {
 #[test]
 fn check_accepts_the_example_configs() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-    for cfg in ["configs/payments.yaml", "configs/frontend.yaml"] {
+    for cfg in [
+        "configs/payments.yaml",
+        "configs/frontend.yaml",
+        "configs/frontend-xds.yaml",
+    ] {
         let o = aether(repo, &["check", "--config", cfg]);
         assert!(o.status.success(), "{cfg}: {}", stderr(&o));
         assert!(

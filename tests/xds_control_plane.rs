@@ -871,6 +871,40 @@ async fn sds_over_a_unix_socket(server: common::xds::Server) {
     assert_eq!(resources_named(&d.next().await), vec!["ROOTCA".to_string()]);
 }
 
+/// Not a check: serves a test control plane until interrupted, to try a sidecar (or Envoy)
+/// against it by hand (README, "Control plane"). `CP_SERVER=grpcio|tonic` (grpcio by
+/// default), `CP_LISTEN` (default 127.0.0.1:18000), `CP_ENDPOINT` (the address of the pod
+/// proxy serving `payments` on 8080 and 9090, default 127.0.0.2). It serves `payments` and the
+/// `frontend` identity over SDS, and prints where the test certificates are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "serves until interrupted; run by hand"]
+async fn serve_by_hand() {
+    let env = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.to_string());
+    let server = match env("CP_SERVER", "grpcio").as_str() {
+        "tonic" => Server::Tonic,
+        "grpcio" => Server::Grpcio,
+        other => panic!("CP_SERVER={other}: tonic or grpcio"),
+    };
+    let listen: std::net::SocketAddr = env("CP_LISTEN", "127.0.0.1:18000").parse().unwrap();
+    let endpoint: IpAddr = env("CP_ENDPOINT", "127.0.0.2").parse().unwrap();
+    let c = certs();
+    let fx = Fixture::new()
+        .service(
+            "payments",
+            Service::new(&c.spiffe_id(PAYMENTS)).endpoint(Endpoint::new(endpoint, &[8080, 9090])),
+        )
+        .identity(&c, "frontend");
+    let cp = ControlPlane::start(server, Listen::Tcp(listen), fx).await;
+    println!(
+        "{server:?} control plane on {}; certificates in {} (frontend.crt, frontend.key, ca.crt; trust domain {})",
+        cp.address(),
+        c.dir().display(),
+        c.trust_domain()
+    );
+    tokio::signal::ctrl_c().await.unwrap();
+    println!("{}", cp.summary());
+}
+
 on_both_control_planes!(
     delta_ads_answers_pushes_and_records,
     overrides_resends_reconnects_and_restarts,

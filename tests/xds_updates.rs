@@ -800,6 +800,354 @@ async fn control_plane_restart_loses_no_traffic(server: common::xds::Server) {
     );
 }
 
+// ---------------------------------------------------------------------------------------------
+// What real gRPC servers do (the gRPC project's own server, grpcio)
+// ---------------------------------------------------------------------------------------------
+
+/// A client pod fed by `cp`, a server pod behind `payments` on 8080: (client, app, server).
+async fn one_service_mesh(
+    net: &Net,
+    certs: &Certs,
+    server: Server,
+) -> (ControlPlane, HttpApp, Proxy) {
+    let p1 = net.pod(1);
+    let app = HttpApp::auto(p1.app(8080)).await;
+    let sidecar = server_proxy(certs, p1, "payments", &["{ port: 8080, protocol: auto }"]).await;
+    let fx = Fixture::new().service(
+        "payments",
+        Service::new(&certs.spiffe_id(PAYMENTS)).endpoint(Endpoint::new(p1.proxy_ip(), &[8080])),
+    );
+    let cp = ControlPlane::new(server, Listen::Tcp(cp_addr(net)), fx);
+    (cp, app, sidecar)
+}
+
+/// A GET through the client pod that must be answered 200 by the app within `limit`.
+async fn answered_within(out: std::net::SocketAddr, path: &str, limit: Duration) -> Duration {
+    let t = Instant::now();
+    let r = within(limit, path, get_h1(out, SVC, path)).await.unwrap();
+    assert_app_ok(&r, 8080, path);
+    t.elapsed()
+}
+
+/// The property that deadlocked a fresh sidecar: grpcio (as grpc-go and gRPC C++) sends a
+/// stream's response headers only with its first response, and an xDS server answers nothing
+/// before the client's first request. Checked on the server first (a call that sends nothing
+/// gets no headers), then: the first request through `:15001` after start is answered within
+/// 1 s, after a silent second on the stream too; a reconnect with no versions held and one with
+/// versions held are answered the same; demand that arrives while the control plane cannot be
+/// reached is sent once it can, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_sends_headers_with_its_first_answer_is_spoken_to_first() {
+    use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+    use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
+    let net = Net::fresh();
+    let certs = certs();
+    let (cp, _app, _sidecar) = one_service_mesh(&net, &certs, Server::Grpcio).await;
+    cp.serve().await;
+    let addr = cp_addr(&net);
+
+    // The server withholds its headers while the client sends nothing.
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .expect("connects");
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<DeltaDiscoveryRequest>();
+    let mut raw = AggregatedDiscoveryServiceClient::new(channel);
+    let mut call = Box::pin(
+        raw.delta_aggregated_resources(tokio_stream::wrappers::UnboundedReceiverStream::new(rx)),
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), &mut call)
+            .await
+            .is_err(),
+        "the grpcio server sent response headers before any response"
+    );
+    tx.send(DeltaDiscoveryRequest {
+        type_url: CLUSTER_TYPE.into(),
+        resource_names_subscribe: vec![SVC.into()],
+        ..Default::default()
+    })
+    .unwrap();
+    within(IO_TIMEOUT, "headers with the first response", &mut call)
+        .await
+        .unwrap()
+        .expect("the stream opens once answered");
+    drop((call, tx));
+
+    // A fresh sidecar; its stream stays silent for a second before any demand.
+    let client_pod = net.pod(0);
+    let client = xds_client(&certs, client_pod, &cp.address(), &[], "").await;
+    let out = client_pod.outbound();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let first = answered_within(out, "/first", Duration::from_secs(1)).await;
+    println!("first request after start answered in {first:?}");
+
+    // The server ends the stream: the reconnect carries the versions held.
+    let before = cp.ads_streams().len();
+    cp.drop_streams();
+    cp.wait_until(IO_TIMEOUT, "a new stream", |cp| {
+        cp.open_streams(Api::DeltaAds) == 1 && cp.ads_streams().len() > before
+    })
+    .await;
+    answered_within(out, "/after-reconnect", Duration::from_secs(1)).await;
+    let last = cp.ads_streams().pop().unwrap();
+    assert!(
+        last.requests
+            .iter()
+            .any(|r| r.initial_versions.contains_key(SVC)),
+        "the reconnect carries the Cluster's version; {}",
+        cp.summary()
+    );
+    drop(client);
+
+    // A sidecar started while the control plane is down: a request waits, then is answered
+    // once the control plane serves, subscribed once.
+    cp.stop().await;
+    let late_pod = net.pod(2);
+    let late = xds_client(
+        &certs,
+        late_pod,
+        &cp.address(),
+        &["cluster_timeout: 10s", "node_id: late"],
+        "",
+    )
+    .await;
+    let waiting = tokio::spawn(get_h1(late_pod.outbound(), SVC, "/while-down"));
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    cp.serve().await;
+    let r = within(
+        Duration::from_secs(9),
+        "the request made while down",
+        waiting,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_app_ok(&r, 8080, "made while the control plane was down");
+    let late_streams: Vec<_> = cp
+        .ads_streams()
+        .into_iter()
+        .filter(|s| s.first_node().is_some_and(|n| n.id == "late"))
+        .collect();
+    let subs: usize = late_streams
+        .iter()
+        .flat_map(|s| &s.requests)
+        .map(|r| r.subscribe.iter().filter(|n| *n == SVC).count())
+        .sum();
+    assert_eq!(subs, 1, "subscribed once; {}", cp.summary());
+    assert!(
+        late_streams[0].requests[0].initial_versions.is_empty(),
+        "nothing held, no versions"
+    );
+    drop(late);
+}
+
+/// A server that treats the node as a wildcard subscriber pushes every Cluster and every
+/// assignment on the first request, assignments before any request of their type: all ACKed,
+/// and a service never asked for is routed from what was pushed, without a subscription.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wildcard_pushes_before_any_request_of_their_type_are_acked_and_used() {
+    let net = Net::fresh();
+    let certs = certs();
+    let (cp, _app, _sidecar) = one_service_mesh(&net, &certs, Server::Grpcio).await;
+    let p3 = net.pod(3);
+    let _orders_app = HttpApp::auto(p3.app(8080)).await;
+    let _orders = server_proxy(&certs, p3, "orders", &["{ port: 8080, protocol: auto }"]).await;
+    cp.update(|f| {
+        f.services.insert(
+            "orders".into(),
+            Service::new(&certs.spiffe_id(ORDERS)).endpoint(Endpoint::new(p3.proxy_ip(), &[8080])),
+        );
+    });
+    cp.wildcard(true);
+    cp.serve().await;
+    let client_pod = net.pod(0);
+    let client = xds_client(&certs, client_pod, &cp.address(), &[], "").await;
+    let out = client_pod.outbound();
+    answered_within(out, "/payments", Duration::from_secs(2)).await;
+    let stream = &cp.ads_streams()[0];
+    let first_cla_response = stream.responses.iter().position(|r| r.type_url == CLA_TYPE);
+    assert!(first_cla_response.is_some(), "{}", cp.summary());
+    assert!(
+        !stream.requests.iter().any(|r| r.type_url == CLA_TYPE
+            && !r.subscribe.is_empty()
+            && r.at < stream.responses[first_cla_response.unwrap()].at),
+        "the assignments came before any request of their type; {}",
+        cp.summary()
+    );
+    let orders = "orders.aether.internal";
+    cp.wait_acked(
+        &[SVC, orders, "outbound|8080||orders.aether.internal"],
+        IO_TIMEOUT,
+    )
+    .await;
+    let r = get_h1(out, orders, "/orders").await;
+    assert_eq!(r.status.as_u16(), 200, "{r:?}");
+    assert_eq!(cp.subscribes(orders), 0, "orders was never asked for");
+    assert!(cp.nacks().is_empty(), "{}", cp.summary());
+    drop(client);
+}
+
+/// `removed_resources` naming something never sent is ACKed and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removal_of_a_name_never_sent_is_acked_and_ignored() {
+    let net = Net::fresh();
+    let certs = certs();
+    let (cp, _app, _sidecar) = one_service_mesh(&net, &certs, Server::Grpcio).await;
+    cp.serve().await;
+    let client_pod = net.pod(0);
+    let client = xds_client(&certs, client_pod, &cp.address(), &[], "").await;
+    let out = client_pod.outbound();
+    answered_within(out, "/before", Duration::from_secs(2)).await;
+    let ghost = "ghost.aether.internal";
+    let mut nonces = cp.send_removed(CLUSTER_TYPE, ghost);
+    nonces.extend(cp.send_removed(CLA_TYPE, "outbound|8080||ghost.aether.internal"));
+    assert_eq!(nonces.len(), 2);
+    cp.wait_until(IO_TIMEOUT, "both removals answered", |cp| {
+        nonces.iter().all(|n| cp.answer_to(n).is_some())
+    })
+    .await;
+    for n in &nonces {
+        assert_eq!(cp.answer_to(n), Some(None), "ACKed; {}", cp.summary());
+    }
+    let dump = xds_dump(&client).await;
+    assert!(
+        !dump["absent"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n == ghost),
+        "{dump}"
+    );
+    answered_within(out, "/after", Duration::from_secs(1)).await;
+    assert_eq!(cp.subscribes(ghost), 0);
+}
+
+/// A stream ended as soon as it is accepted, with UNAVAILABLE and then RESOURCE_EXHAUSTED:
+/// the client tries again with a growing backoff (never a busy loop) and is served once the
+/// server is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_refused_on_accept_are_retried_with_backoff() {
+    let net = Net::fresh();
+    let certs = certs();
+    let (cp, _app, _sidecar) = one_service_mesh(&net, &certs, Server::Grpcio).await;
+    cp.refuse_streams(Some(tonic::Status::unavailable("overloaded, try later")));
+    cp.serve().await;
+    let client_pod = net.pod(0);
+    // Longer than the largest backoff (5 s), so the request below outlives the last refusal.
+    let client = xds_client(
+        &certs,
+        client_pod,
+        &cp.address(),
+        &["cluster_timeout: 10s"],
+        "",
+    )
+    .await;
+    for status in [
+        tonic::Status::unavailable("overloaded, try later"),
+        tonic::Status::resource_exhausted("too many streams"),
+    ] {
+        cp.refuse_streams(Some(status.clone()));
+        let before = cp.ads_streams().len();
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let tries = cp.ads_streams().len() - before;
+        println!("{:?}: {tries} streams in 4 s", status.code());
+        assert!(
+            (1..=12).contains(&tries),
+            "{:?}: {tries} streams in 4 s; {}",
+            status.code(),
+            cp.summary()
+        );
+    }
+    assert_eq!(
+        metric_value(&client, "aether_xds_connected", &[]).await,
+        0.0
+    );
+    cp.refuse_streams(None);
+    let out = client_pod.outbound();
+    let r = within(
+        Duration::from_secs(10),
+        "served once the server is",
+        get_h1(out, SVC, "/served"),
+    )
+    .await
+    .unwrap();
+    assert_app_ok(&r, 8080, "after the refusals");
+}
+
+/// An assignment over tonic's 4 MiB default message size (a large service) is accepted; the
+/// client's limit is 64 MiB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_over_four_mib_is_accepted() {
+    let net = Net::fresh();
+    let certs = certs();
+    let (cp, _app, _sidecar) = one_service_mesh(&net, &certs, Server::Grpcio).await;
+    let pad = "p".repeat(1500);
+    cp.update(|f| {
+        for i in 0..3200u32 {
+            let ip = std::net::Ipv4Addr::new(127, 254, (i / 250) as u8, (i % 250 + 1) as u8);
+            f.svc("payments").endpoints.push(
+                Endpoint::new(ip.into(), &[8080])
+                    .label("pad", &pad)
+                    .draining(),
+            );
+        }
+    });
+    let eds = "outbound|8080||payments.aether.internal";
+    let size = cp.encoded_len(CLA_TYPE, eds);
+    assert!(size > 4 << 20, "the assignment is {size} bytes");
+    cp.serve().await;
+    let client_pod = net.pod(0);
+    let client = xds_client(&certs, client_pod, &cp.address(), &[], "").await;
+    answered_within(client_pod.outbound(), "/big", Duration::from_secs(3)).await;
+    cp.wait_acked(&[eds], IO_TIMEOUT).await;
+    let eps = endpoints_of(&client, SVC).await.expect("the cluster");
+    assert_eq!(eps.len(), 3201);
+    assert!(cp.nacks().is_empty(), "{:?}", cp.nacks());
+}
+
+/// A graceful restart of the server (a new process on the address, the old one sends GOAWAY
+/// and ends its streams after its grace period): no request fails, the client reconnects once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_server_restart_loses_nothing_and_reconnects_once() {
+    let net = Net::fresh();
+    let certs = certs();
+    let (cp, _app, _sidecar) = one_service_mesh(&net, &certs, Server::Grpcio).await;
+    cp.serve().await;
+    let client_pod = net.pod(0);
+    let client = xds_client(&certs, client_pod, &cp.address(), &[], "").await;
+    let out = client_pod.outbound();
+    answered_within(out, "/before", Duration::from_secs(2)).await;
+    let eds = "outbound|8080||payments.aether.internal";
+    cp.wait_acked(&[SVC, eds], IO_TIMEOUT).await;
+    let load = Load::start(out, SVC, 2);
+    load.wait_more(10, Duration::from_secs(5)).await;
+    cp.restart_gracefully().await;
+    cp.wait_until(Duration::from_secs(10), "the reconnect", |cp| {
+        cp.ads_streams().len() == 2 && cp.open_streams(Api::DeltaAds) == 1
+    })
+    .await;
+    cp.wait_acked(&[SVC, eds], IO_TIMEOUT).await;
+    load.wait_more(20, Duration::from_secs(5)).await;
+    // Past the reconnect backoff: still one new stream.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let results = load.stop().await;
+    let bad: Vec<_> = results
+        .iter()
+        .filter(|(_, o)| *o != Outcome::App(8080))
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "requests failed around the restart: {bad:?}"
+    );
+    assert_eq!(cp.ads_streams().len(), 2, "one reconnect; {}", cp.summary());
+    wait_metric_value(&client, "aether_xds_connected", &[], IO_TIMEOUT, |v| {
+        v == 1.0
+    })
+    .await;
+}
+
 on_both_control_planes!(
     rollout_by_pushes_with_ports_metadata,
     rollout_by_pushes_without_ports_metadata,
