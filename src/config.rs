@@ -246,6 +246,23 @@ pub struct InboundPort {
     /// Peer SPIFFE ids let through; empty means every identity of the trust domain.
     #[serde(default)]
     pub allow: Vec<SpiffeId>,
+    /// HTTP/1.1 upgrade tokens tunnelled after the app's `101` (http1 and auto ports);
+    /// omitted: `[websocket]`. Never `h2c`: after a tunnel nothing could be enforced.
+    #[serde(default)]
+    pub upgrades: Option<Vec<String>>,
+}
+
+/// The upgrade a port tunnels when its config names none.
+pub const DEFAULT_UPGRADES: [&str; 1] = ["websocket"];
+
+impl InboundPort {
+    /// The upgrade tokens this port tunnels, lowercased.
+    pub fn upgrade_tokens(&self) -> Vec<String> {
+        match &self.upgrades {
+            Some(u) => u.iter().map(|t| t.to_ascii_lowercase()).collect(),
+            None => DEFAULT_UPGRADES.iter().map(|t| t.to_string()).collect(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -574,6 +591,7 @@ impl Config {
                 port: cfg.inbound.default_port,
                 protocol: Protocol::Auto,
                 allow: Vec::new(),
+                upgrades: None,
             });
         }
         let errors = cfg.validate(file);
@@ -641,6 +659,28 @@ impl Config {
             for (j, id) in p.allow.iter().enumerate() {
                 if let Err(reason) = id.check_trust_domain(&self.trust_domain) {
                     err(format!("inbound.ports[{i}].allow[{j}]"), reason.to_string());
+                }
+            }
+            if let Some(upgrades) = &p.upgrades {
+                if matches!(p.protocol, Protocol::H2 | Protocol::Tcp) {
+                    err(
+                        format!("inbound.ports[{i}].upgrades"),
+                        "only http1 and auto ports tunnel HTTP/1.1 upgrades".into(),
+                    );
+                }
+                for (j, t) in upgrades.iter().enumerate() {
+                    let token = t.split('/').next().unwrap_or_default();
+                    if token.eq_ignore_ascii_case("h2c") {
+                        err(
+                            format!("inbound.ports[{i}].upgrades[{j}]"),
+                            "h2c is never tunnelled: HTTP must stay HTTP through the proxy".into(),
+                        );
+                    } else if t.is_empty() || !t.bytes().all(is_tchar_or_slash) {
+                        err(
+                            format!("inbound.ports[{i}].upgrades[{j}]"),
+                            format!("{t:?} is not an upgrade token (RFC 9110 7.8)"),
+                        );
+                    }
                 }
             }
         }
@@ -736,6 +776,11 @@ impl Config {
 }
 
 /// Lower-case DNS-ish name: labels of `[a-z0-9-]`, separated by dots.
+/// A byte of an upgrade token: an RFC 9110 `tchar`, or the `/` before a version.
+fn is_tchar_or_slash(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~/".contains(&b)
+}
+
 fn is_dns_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 253
@@ -815,6 +860,39 @@ mod tests {
         assert!(e.contains("missing field `identity`"), "{e}");
         let e = one_error(&format!("{ID}inbound: [1, 2\n"));
         assert!(e.starts_with("cfg.yaml: "), "{e}");
+    }
+
+    #[test]
+    fn upgrade_tokens_are_checked() {
+        let c = Config::parse(
+            Path::new("cfg.yaml"),
+            &format!(
+                "{ID}inbound:\n  ports:\n    - {{port: 8080, protocol: auto, upgrades: [WebSocket, x-echo]}}\n"
+            ),
+        )
+        .unwrap();
+        assert_eq!(c.inbound.ports[0].upgrade_tokens(), ["websocket", "x-echo"]);
+        let c = Config::parse(Path::new("cfg.yaml"), ID).unwrap();
+        assert_eq!(c.inbound.ports[0].upgrade_tokens(), ["websocket"]);
+        let e = one_error(&format!(
+            "{ID}inbound:\n  ports:\n    - {{port: 8080, protocol: auto, upgrades: [websocket, h2c]}}\n"
+        ));
+        assert!(
+            e.starts_with("cfg.yaml: inbound.ports[0].upgrades[1]: h2c is never tunnelled"),
+            "{e}"
+        );
+        let e = one_error(&format!(
+            "{ID}inbound:\n  ports:\n    - {{port: 8080, protocol: auto, upgrades: [\"a b\"]}}\n"
+        ));
+        assert!(e.contains("is not an upgrade token"), "{e}");
+        let e = errors(&format!(
+            "{ID}inbound:\n  ports:\n    - {{port: 8080, protocol: auto}}\n    - {{port: 9090, protocol: h2, upgrades: [websocket]}}\n"
+        ));
+        assert!(
+            e.iter().any(|e| e
+                == "cfg.yaml: inbound.ports[1].upgrades: only http1 and auto ports tunnel HTTP/1.1 upgrades"),
+            "{e:?}"
+        );
     }
 
     #[test]

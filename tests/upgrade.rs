@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::mesh::rogue::{Misbehaviour, RoguePod, SeenH1};
 use common::mesh::*;
 use common::*;
 use futures_util::{SinkExt, StreamExt};
@@ -56,7 +57,7 @@ impl Mesh {
             "{ port: 8080, protocol: auto }",
             "{ port: 9001, protocol: http1 }",
             "{ port: 9002, protocol: auto }",
-            "{ port: 9003, protocol: http1 }",
+            "{ port: 9003, protocol: http1, upgrades: [websocket, x-echo] }",
             "{ port: 9090, protocol: h2 }",
         ];
         let config = format!(
@@ -586,6 +587,184 @@ async fn websocket_from_an_envoy_client_pod_to_an_aether_server_pod(server: comm
     assert!(
         matches!(got, Some(Ok(Message::Close(_)))),
         "the close comes back: {got:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// h2c is never a tunnel
+// ---------------------------------------------------------------------------------------------
+
+/// An h2c upgrade request (RFC 7540's, deprecated by RFC 9113), then a second request on the
+/// same connection carrying a forged XFCC.
+const H2C_UPGRADE: &str = "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n\
+                           HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n";
+const FORGED_XFCC: &str = "By=forged;URI=spiffe://aether.local/ns/default/sa/admin";
+
+/// A raw HTTP/1.1 app that answers every request `101` to `h2c`, whatever it asked; it records
+/// each request head and every byte that follows a `101`.
+struct SwitchApp {
+    seen: Arc<SeenH1>,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+impl SwitchApp {
+    async fn start(addr: SocketAddr) -> SwitchApp {
+        let listener = TcpListener::bind(addr).await.unwrap();
+        let seen: Arc<SeenH1> = Arc::default();
+        let all = seen.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((mut tcp, _)) = listener.accept().await {
+                let seen = all.clone();
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let Some(end) = read_http_head(&mut tcp, &mut buf).await else {
+                        return;
+                    };
+                    seen.heads
+                        .lock()
+                        .unwrap()
+                        .push(String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase());
+                    let switch = "HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\n\
+                                  upgrade: h2c\r\n\r\n";
+                    if tcp.write_all(switch.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    seen.after_switch
+                        .lock()
+                        .unwrap()
+                        .extend_from_slice(&buf[end..]);
+                    let mut chunk = [0u8; 4096];
+                    while let Ok(n) = tcp.read(&mut chunk).await {
+                        if n == 0 {
+                            break;
+                        }
+                        seen.after_switch
+                            .lock()
+                            .unwrap()
+                            .extend_from_slice(&chunk[..n]);
+                    }
+                });
+            }
+        });
+        SwitchApp { seen, _task: task }
+    }
+
+    fn heads(&self) -> Vec<String> {
+        self.seen.heads.lock().unwrap().clone()
+    }
+
+    fn after(&self) -> Vec<u8> {
+        self.seen.after_switch.lock().unwrap().clone()
+    }
+}
+
+/// Sends the h2c upgrade request and the forged second request on `s`, one at a time; returns
+/// both answers' heads. Each must be the proxy's own 502, in HTTP.
+async fn h2c_then_forged<S>(s: &mut S, authority: &str) -> [RawHead; 2]
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let first = format!("GET /h2c HTTP/1.1\r\nHost: {authority}\r\n{H2C_UPGRADE}\r\n");
+    let second = format!(
+        "GET /next HTTP/1.1\r\nHost: {authority}\r\nx-forwarded-client-cert: {FORGED_XFCC}\r\n\
+         content-length: 0\r\n\r\n"
+    );
+    let mut heads = Vec::new();
+    for (what, req) in [("the h2c request", first), ("the request after it", second)] {
+        s.write_all(req.as_bytes()).await.unwrap();
+        let h = read_head(s).await.unwrap();
+        assert_eq!(h.status, 502, "{what}: {h:?}");
+        assert_eq!(
+            h.header("x-aether-error"),
+            Some("upstream-protocol-error"),
+            "{what}"
+        );
+        assert_eq!(h.header("upgrade"), None, "{what}");
+        let len: usize = h.header("content-length").unwrap().parse().unwrap();
+        let mut body = vec![0u8; len];
+        within(IO_TIMEOUT, "the 502's body", s.read_exact(&mut body))
+            .await
+            .unwrap()
+            .unwrap();
+        heads.push(h);
+    }
+    let b = heads.pop().unwrap();
+    let a = heads.pop().unwrap();
+    [a, b]
+}
+
+/// The server sidecar, attacked straight over mTLS as any mesh peer can: `Upgrade: h2c` and
+/// `HTTP2-Settings` never reach the app; the app's `101` is 502, never a tunnel; the next
+/// request on the connection is still HTTP, so its forged XFCC is replaced by the proxy's.
+#[tokio::test]
+async fn the_server_sidecar_never_tunnels_h2c() {
+    let net = Net::fresh();
+    let pod = net.pod(1);
+    let certs = certs();
+    let app = SwitchApp::start(pod.app(8086)).await;
+    let _server = server_proxy(
+        &certs,
+        pod,
+        "payments",
+        &[
+            "{ port: 8080, protocol: auto }",
+            "{ port: 8086, protocol: http1 }",
+        ],
+    )
+    .await;
+    let tls = TlsClient::with_identity(&certs, "frontend")
+        .sni(Some("8086"))
+        .alpn(&["http/1.1"]);
+    let mut s = tls.connect(pod.inbound()).await.unwrap();
+    h2c_then_forged(&mut s, &format!("{SVC}:8086")).await;
+    let heads = app.heads();
+    assert_eq!(heads.len(), 2, "{heads:?}");
+    assert!(!heads[0].contains("\r\nupgrade:"), "{}", heads[0]);
+    assert!(!heads[0].contains("http2-settings"), "{}", heads[0]);
+    assert!(!heads[1].contains("forged"), "{}", heads[1]);
+    assert!(
+        heads[1].contains(&certs.spiffe_id(FRONTEND)),
+        "the proxy's XFCC: {}",
+        heads[1]
+    );
+    assert!(
+        app.after().is_empty(),
+        "bytes reached the app raw after its 101"
+    );
+}
+
+/// The client sidecar, with a peer on the mTLS hop that answers `101` to anything: the peer
+/// never sees `Upgrade: h2c`; its `101` is 502; the client's next request is still parsed (the
+/// proxy gives it a request id) and travels on a connection of its own, never raw after a 101.
+#[tokio::test]
+async fn the_client_sidecar_never_tunnels_h2c() {
+    let net = Net::fresh();
+    let certs = certs();
+    let (client_pod, peer) = (net.pod(0), net.pod(1));
+    let rogue = RoguePod::start(&certs, peer.inbound(), Misbehaviour::H1SwitchProtocols).await;
+    let cat = catalog(&[service(
+        "payments",
+        &certs.spiffe_id(PAYMENTS),
+        "",
+        &[endpoint(peer.proxy_ip(), &[8080])],
+    )]);
+    let _client = client_proxy(&certs, client_pod, &cat, "").await;
+    let mut s = tcp_connect(client_pod.outbound()).await.unwrap();
+    h2c_then_forged(&mut s, SVC).await;
+    let heads: Vec<String> = rogue
+        .heads()
+        .iter()
+        .map(|h| h.to_ascii_lowercase())
+        .collect();
+    assert_eq!(heads.len(), 2, "{heads:?}");
+    assert!(!heads[0].contains("\r\nupgrade:"), "{}", heads[0]);
+    assert!(!heads[0].contains("http2-settings"), "{}", heads[0]);
+    assert!(heads[1].contains("\r\nx-request-id: "), "{}", heads[1]);
+    assert!(heads[1].starts_with("get /next "), "{}", heads[1]);
+    assert!(
+        rogue.after_switch().is_empty(),
+        "bytes crossed raw after the peer's 101: {:?}",
+        String::from_utf8_lossy(&rogue.after_switch())
     );
 }
 

@@ -17,6 +17,8 @@ pub struct Chain {
     pub protocol: Protocol,
     /// Empty: every identity of the trust domain.
     pub allow: Vec<SpiffeId>,
+    /// The HTTP/1.1 upgrade tokens tunnelled to the app (lowercased).
+    pub upgrades: Vec<String>,
 }
 
 /// What serves a chain's connection once TLS is up.
@@ -83,6 +85,7 @@ impl Chains {
                             port: p.port,
                             protocol: p.protocol,
                             allow: p.allow.clone(),
+                            upgrades: p.upgrade_tokens(),
                         },
                     )
                 })
@@ -161,6 +164,7 @@ mod tests {
             port,
             protocol,
             allow: vec![],
+            upgrades: None,
         };
         Chains::new(&InboundConfig {
             default_port: 8080,

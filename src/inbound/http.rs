@@ -224,7 +224,7 @@ impl HttpChains {
         if !conn.chain.allows(&conn.peer.spiffe_id) {
             return Err(Reason::Forbidden);
         }
-        let upgrade_to = headers::upgrade_of(&req);
+        let upgrade_to = headers::upgrade_of(&req, Some(&conn.chain.upgrades));
         let h = req.headers_mut();
         match upgrade_to.clone() {
             Some(to) => headers::strip_hop_by_hop_upgrading(h, to),
@@ -241,13 +241,13 @@ impl HttpChains {
         } else {
             authority
         };
-        if upgrade_to.is_some() {
+        if let Some(offered) = upgrade_to {
             if to_h2 {
                 return Err(Reason::UpgradeNotSupported);
             }
             headers::retarget(&mut req, false, authority)?;
             // Boxed: the rare path's future stays out of every request's.
-            let up = self.upgrade(*req, port, authority, &conn.peer.spiffe_id, open);
+            let up = self.upgrade(*req, offered, port, authority, &conn.peer.spiffe_id, open);
             return Box::pin(up).await;
         }
         headers::retarget(&mut req, to_h2, authority)?;
@@ -313,6 +313,12 @@ impl HttpChains {
                 return Err(Reason::UpstreamProtocolError);
             }
         };
+        if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+            // No upgrade was forwarded (see `upgrade_of`): a switch now would be a tunnel the
+            // proxy never agreed to.
+            tracing::debug!(port, "inbound: the app switched protocols unasked");
+            return Err(Reason::UpstreamProtocolError);
+        }
         headers::forwarded_response(&mut resp);
         if resp.status() == http::StatusCode::SERVICE_UNAVAILABLE {
             // Client sidecars send a request elsewhere on a sidecar's `app-unavailable`; an app
@@ -342,6 +348,7 @@ impl HttpChains {
     async fn upgrade(
         &self,
         mut req: Request<ReqBody>,
+        offered: http::HeaderValue,
         port: u16,
         authority: &str,
         peer: &SpiffeId,
@@ -360,7 +367,7 @@ impl HttpChains {
             tracing::debug!(port, "inbound: app broke the upgrade: {e}");
             Reason::UpstreamProtocolError
         })?;
-        let Some(to) = upgrade::switched_to(&resp) else {
+        let Some(to) = upgrade::switched_to(&resp, &offered)? else {
             headers::forwarded_response(&mut resp);
             return Ok((resp.map(|b| Either::Left(UpBody::h1(b))), None));
         };

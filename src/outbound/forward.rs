@@ -121,6 +121,13 @@ async fn attempts(
         };
         match up.pool.send(&key, conn, r, max_uses).await {
             Ok((resp, stream)) => {
+                if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+                    // Not an upgrade request (those go through `upgrade.rs`): a switch
+                    // nobody agreed to is never a tunnel.
+                    tracing::info!(cluster = %cluster.name, endpoint = %ep.address, "upstream switched protocols unasked");
+                    cluster.record(&ep, true);
+                    return Err(Reason::UpstreamProtocolError);
+                }
                 cluster.record(&ep, resp.status().is_server_error());
                 // The server sidecar's app refused the connection: the request reached no
                 // app, as with a refused stream. Another endpoint when the request can go

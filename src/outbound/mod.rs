@@ -431,7 +431,7 @@ impl Outbound {
             return Routed::answered(Outcome::error(Reason::Overflow).routed_to(&cluster));
         };
         let is_connect = req.method() == Method::CONNECT;
-        let upgrade_to = headers::upgrade_of(&req);
+        let upgrade_to = headers::upgrade_of(&req, None);
         let out = match (is_connect, protocol, upgrade_to) {
             (true, PortProtocol::Http, _) => Outcome::error(Reason::NotATcpPort),
             (false, PortProtocol::Tcp, _) => Outcome::error(Reason::NotAnHttpPort),

@@ -48,7 +48,7 @@ pub async fn send(
     authority: &str,
     src: IpAddr,
 ) -> Result<Answer, Reason> {
-    headers::strip_hop_by_hop_upgrading(req.headers_mut(), to);
+    headers::strip_hop_by_hop_upgrading(req.headers_mut(), to.clone());
     headers::retarget(&mut req, false, authority)?;
     let subset = choose_subset(&cluster.service, req.headers(), fastrand::u32(..)).cloned();
     let attempt = async {
@@ -80,7 +80,7 @@ pub async fn send(
             }
         };
         cluster.record(&ep, resp.status().is_server_error());
-        Ok(match switched_to(&resp) {
+        Ok(match switched_to(&resp, &to)? {
             Some(to) => {
                 let far = hyper::upgrade::on(&mut resp);
                 headers::strip_hop_by_hop_upgrading(resp.headers_mut(), to);
@@ -103,15 +103,24 @@ pub async fn send(
     }
 }
 
-/// The protocol a `101` answer switched to (its `Upgrade` value); `None` for any other answer.
-pub fn switched_to<B>(resp: &Response<B>) -> Option<HeaderValue> {
+/// The protocol a `101` answer switched to (its `Upgrade` value, else the one `offered`);
+/// `None` for any other answer. A `101` to something the request did not offer is broken
+/// HTTP: 502, never a tunnel.
+pub fn switched_to<B>(
+    resp: &Response<B>,
+    offered: &HeaderValue,
+) -> Result<Option<HeaderValue>, Reason> {
     if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
-        return None;
+        return Ok(None);
     }
-    Some(
-        resp.headers()
-            .get(http::header::UPGRADE)
-            .cloned()
-            .unwrap_or_else(|| HeaderValue::from_static("")),
-    )
+    let answer = resp.headers().get(http::header::UPGRADE);
+    if !headers::switched_as_offered(answer, offered) {
+        tracing::info!(
+            ?answer,
+            ?offered,
+            "upstream switched to a protocol not offered"
+        );
+        return Err(Reason::UpstreamProtocolError);
+    }
+    Ok(Some(answer.unwrap_or(offered).clone()))
 }

@@ -29,7 +29,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::*;
@@ -412,6 +412,7 @@ pub fn expected_xfcc(certs: &Certs, server: &str, client_stem: &str, client: &st
 // Raw HTTP/1.1 (CONNECT and requests hyper's client will not write)
 // ---------------------------------------------------------------------------------------------
 
+#[derive(Debug)]
 pub struct RawHead {
     /// The status line's version, as written (`HTTP/1.1`).
     pub version: String,
@@ -430,7 +431,7 @@ impl RawHead {
 
 /// Reads one response head (up to the blank line) byte by byte, so nothing after it is
 /// consumed; bounded by [`IO_TIMEOUT`].
-pub async fn read_head(s: &mut TcpStream) -> Result<RawHead, String> {
+pub async fn read_head<S: AsyncRead + Unpin>(s: &mut S) -> Result<RawHead, String> {
     let read = async {
         let mut head = Vec::new();
         let mut b = [0u8; 1];

@@ -37,20 +37,33 @@ pub enum Misbehaviour {
     /// HTTP/1.1 chosen by ALPN; each request is answered `HTTP/1.0 200` with a 2-byte body,
     /// then the connection closes (a peer that speaks HTTP/1.0 on the mesh hop).
     H1AnswerInHttp10,
+    /// HTTP/1.1 chosen by ALPN; each request is answered `101 Switching Protocols` to `h2c`,
+    /// whatever it asked, and every byte after it is kept ([`RoguePod::after_switch`]).
+    H1SwitchProtocols,
 }
 
 impl Misbehaviour {
     fn is_h1(self) -> bool {
         matches!(
             self,
-            Misbehaviour::H1CloseBeforeResponse | Misbehaviour::H1AnswerInHttp10
+            Misbehaviour::H1CloseBeforeResponse
+                | Misbehaviour::H1AnswerInHttp10
+                | Misbehaviour::H1SwitchProtocols
         )
     }
+}
+
+/// What an HTTP/1.1 peer received: each request head, and the bytes that came after a `101`.
+#[derive(Default)]
+pub struct SeenH1 {
+    pub heads: Mutex<Vec<String>>,
+    pub after_switch: Mutex<Vec<u8>>,
 }
 
 pub struct RoguePod {
     requests: Arc<Mutex<usize>>,
     conns: Arc<Mutex<usize>>,
+    seen: Arc<SeenH1>,
     task: JoinHandle<()>,
 }
 
@@ -110,12 +123,14 @@ impl RoguePod {
         let acc = Arc::new(acceptor(certs, alpn));
         let requests: Arc<Mutex<usize>> = Arc::default();
         let conns: Arc<Mutex<usize>> = Arc::default();
+        let seen: Arc<SeenH1> = Arc::default();
         let task = {
-            let (requests, conns) = (requests.clone(), conns.clone());
+            let (requests, conns, all_seen) = (requests.clone(), conns.clone(), seen.clone());
             tokio::spawn(async move {
                 let mut tasks = JoinSet::new();
                 while let Ok((tcp, _)) = listener.accept().await {
                     let (acc, requests, conns) = (acc.clone(), requests.clone(), conns.clone());
+                    let seen = all_seen.clone();
                     tasks.spawn(async move {
                         let Ok(Ok(tls)) =
                             tokio::time::timeout(IO_TIMEOUT, tokio_boring::accept(&acc, tcp)).await
@@ -124,7 +139,7 @@ impl RoguePod {
                         };
                         *conns.lock().unwrap() += 1;
                         let _ = if how.is_h1() {
-                            serve_h1(tls, how, requests).await
+                            serve_h1(tls, how, requests, seen).await
                         } else {
                             serve(tls, how, requests).await
                         };
@@ -135,11 +150,22 @@ impl RoguePod {
         RoguePod {
             requests,
             conns,
+            seen,
             task,
         }
     }
 
     /// Requests it got (header blocks, or HTTP/1.1 heads).
+    /// HTTP/1.1 behaviours: every request head received, in order.
+    pub fn heads(&self) -> Vec<String> {
+        self.seen.heads.lock().unwrap().clone()
+    }
+
+    /// [`Misbehaviour::H1SwitchProtocols`]: every byte received after a `101`.
+    pub fn after_switch(&self) -> Vec<u8> {
+        self.seen.after_switch.lock().unwrap().clone()
+    }
+
     pub fn requests(&self) -> usize {
         *self.requests.lock().unwrap()
     }
@@ -234,7 +260,8 @@ where
         Misbehaviour::CloseBeforeResponse
         | Misbehaviour::ServeOnceThenClose
         | Misbehaviour::H1CloseBeforeResponse
-        | Misbehaviour::H1AnswerInHttp10 => s.shutdown().await,
+        | Misbehaviour::H1AnswerInHttp10
+        | Misbehaviour::H1SwitchProtocols => s.shutdown().await,
         Misbehaviour::ResetAfterHead => {
             // `:status: 200` is static table entry 8.
             s.write_all(&frame(HEADERS, END_HEADERS, stream, &[0x88]))
@@ -248,26 +275,54 @@ where
     }
 }
 
-/// HTTP/1.1: reads a request head, counts it, answers it in HTTP/1.0 or not at all (`how`),
-/// and closes the connection.
+/// HTTP/1.1: reads a request head, records and counts it, then answers it in HTTP/1.0, with a
+/// `101` (keeping what follows), or not at all (`how`), and closes the connection.
 async fn serve_h1<S>(
     mut s: S,
     how: Misbehaviour,
     requests: Arc<Mutex<usize>>,
+    seen: Arc<SeenH1>,
 ) -> std::io::Result<()>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
-    if crate::common::read_http_head(&mut s, &mut Vec::new())
-        .await
-        .is_none()
-    {
+    let mut buf = Vec::new();
+    let Some(end) = crate::common::read_http_head(&mut s, &mut buf).await else {
         return Ok(());
-    }
+    };
+    seen.heads
+        .lock()
+        .unwrap()
+        .push(String::from_utf8_lossy(&buf[..end]).into_owned());
     *requests.lock().unwrap() += 1;
-    if how == Misbehaviour::H1AnswerInHttp10 {
-        s.write_all(b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\nok")
+    match how {
+        Misbehaviour::H1AnswerInHttp10 => {
+            s.write_all(b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                .await?;
+        }
+        Misbehaviour::H1SwitchProtocols => {
+            s.write_all(
+                b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: h2c\r\n\r\n",
+            )
             .await?;
+            seen.after_switch
+                .lock()
+                .unwrap()
+                .extend_from_slice(&buf[end..]);
+            let mut chunk = [0u8; 4096];
+            while let Ok(Ok(n)) =
+                tokio::time::timeout(Duration::from_secs(5), s.read(&mut chunk)).await
+            {
+                if n == 0 {
+                    break;
+                }
+                seen.after_switch
+                    .lock()
+                    .unwrap()
+                    .extend_from_slice(&chunk[..n]);
+            }
+        }
+        _ => {}
     }
     s.shutdown().await
 }
