@@ -5,7 +5,7 @@
 //! (and at exit), so the data path never waits on a stdout write.
 
 use std::io::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
+
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
@@ -316,7 +316,7 @@ pub struct RequestLog {
     pub request_id: http::HeaderValue,
     pub peer_identity: Option<SpiffeId>,
     /// Request body bytes, counted as they go upstream.
-    pub received: Arc<AtomicU64>,
+    pub received: Arc<crate::http::body::Received>,
     /// The request's trace; its span (when recorded) ends with the log line.
     pub trace: RequestTrace,
 }
@@ -384,7 +384,7 @@ impl RequestLog {
             error: d.reason.map(Reason::as_str),
             upstream: d.upstream,
             duration_ms: elapsed.as_secs_f64() * 1000.0,
-            bytes_received: self.received.load(Ordering::Relaxed),
+            bytes_received: self.received.bytes(),
             bytes_sent: sent,
             peer_identity: self
                 .peer_identity

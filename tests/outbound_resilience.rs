@@ -381,6 +381,110 @@ async fn outlier_detection_ejects_a_failing_endpoint() {
     );
 }
 
+/// What came back on a raw connection: a status with its `x-aether-error`, or nothing.
+async fn raw_answer(s: &mut TcpStream) -> Option<(u16, Option<String>)> {
+    let h = tokio::time::timeout(Duration::from_secs(5), read_head(s))
+        .await
+        .ok()?
+        .ok()?;
+    Some((h.status, h.header("x-aether-error").map(str::to_string)))
+}
+
+/// A client's broken request is the client's (SPEC 11): malformed chunked bodies, a close in
+/// the middle of a body, an h2 stream reset mid-body. Each is answered 400 `bad-request` when
+/// the client can still hear it, and none counts against the endpoint: after a burst of them
+/// (more than the five consecutive failures that eject), the single endpoint still serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_broken_requests_never_eject_the_endpoint() {
+    use tokio::io::AsyncWriteExt;
+    let net = Net::fresh();
+    let (client_pod, pod) = (net.pod(0), net.pod(1));
+    let certs = certs();
+    let app = HttpApp::auto(pod.app(8080)).await;
+    let _server = server_proxy(&certs, pod, "payments", &["{ port: 8080, protocol: auto }"]).await;
+    let cat = catalog(&[service(
+        "payments",
+        &certs.spiffe_id(PAYMENTS),
+        "",
+        &[endpoint(pod.proxy_ip(), &[8080])],
+    )]);
+    let client = client_proxy(&certs, client_pod, &cat, "").await;
+    let out = client_pod.outbound();
+    let head =
+        format!("POST /broken HTTP/1.1\r\nHost: {SVC}\r\nTransfer-Encoding: chunked\r\n\r\n");
+    let bad_chunks: [(&str, &[u8]); 5] = [
+        ("non-hex size", b"zz\r\nhello\r\n0\r\n\r\n"),
+        (
+            "overflowing size",
+            b"fffffffffffffffffffff\r\nhello\r\n0\r\n\r\n",
+        ),
+        ("a bare LF in an extension", b"5;ext\nhello\r\n0\r\n\r\n"),
+        ("missing CRLF", b"5\r\nhelloXX0\r\n\r\n"),
+        ("obs-fold in a trailer", b"0\r\nx-t: a\r\n b\r\n\r\n"),
+    ];
+    for round in 0..2 {
+        for (what, chunk) in bad_chunks {
+            let mut s = tcp_connect(out).await.unwrap();
+            s.write_all(head.as_bytes()).await.unwrap();
+            // The head goes upstream before the body is read.
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            s.write_all(b"5\r\nfirst\r\n").await.unwrap();
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            s.write_all(chunk).await.unwrap();
+            let got = raw_answer(&mut s).await;
+            assert!(
+                matches!(&got, Some((400, Some(r))) if r == "bad-request"),
+                "round {round}, {what}: {got:?}"
+            );
+        }
+        // A close in the middle of a body (a length, half of it sent).
+        let mut s = tcp_connect(out).await.unwrap();
+        let req = format!("POST /gone HTTP/1.1\r\nHost: {SVC}\r\nContent-Length: 100\r\n\r\nhalf");
+        s.write_all(req.as_bytes()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drop(s);
+        // An h2 stream reset (CANCEL) in the middle of a body.
+        let tcp = tcp_connect(out).await.unwrap();
+        let (mut h2, conn) = h2::client::handshake(tcp).await.unwrap();
+        tokio::spawn(conn);
+        let req = Request::post(format!("http://{SVC}/cancel"))
+            .body(())
+            .unwrap();
+        let (resp, mut body) = h2.send_request(req, false).unwrap();
+        body.send_data(bytes::Bytes::from_static(b"part of it"), false)
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        body.send_reset(h2::Reason::CANCEL);
+        let _ = tokio::time::timeout(Duration::from_secs(2), resp).await;
+    }
+    // Straight at the server sidecar, as a peer: the same 400, not the app's fault.
+    let tls = TlsClient::with_identity(&certs, "frontend")
+        .sni(Some("8080"))
+        .alpn(&["http/1.1"]);
+    let mut s = tls.connect(pod.inbound()).await.unwrap();
+    s.write_all(head.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    s.write_all(b"zz\r\n").await.unwrap();
+    let h = tokio::time::timeout(Duration::from_secs(5), read_head(&mut s))
+        .await
+        .expect("an answer")
+        .unwrap();
+    assert_eq!(
+        (h.status, h.header("x-aether-error")),
+        (400, Some("bad-request")),
+        "the server sidecar"
+    );
+
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let ejections = metric_sum(&client, "aether_outlier_ejections_total", &[]).await;
+    assert_eq!(ejections, 0.0, "a client's mistakes ejected the endpoint");
+    for i in 0..5 {
+        let r = get_h1(out, SVC, &format!("/after/{i}")).await;
+        assert_app_ok(&r, 8080, "the endpoint after the client's mistakes");
+    }
+    assert!(app.seen().iter().any(|s| s.uri.contains("/after/")));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Rapid reset
 // ---------------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ pub enum Reason {
     Overflow,
     DiscoveryTimeout,
     UpgradeNotSupported,
+    BadRequest,
 }
 
 impl Reason {
@@ -53,6 +54,7 @@ impl Reason {
             Reason::Overflow => "overflow",
             Reason::DiscoveryTimeout => "discovery-timeout",
             Reason::UpgradeNotSupported => "upgrade-not-supported",
+            Reason::BadRequest => "bad-request",
         }
     }
 
@@ -61,7 +63,8 @@ impl Reason {
             Reason::BadAuthority
             | Reason::NotATcpPort
             | Reason::NotAnHttpPort
-            | Reason::UpgradeNotSupported => StatusCode::BAD_REQUEST,
+            | Reason::UpgradeNotSupported
+            | Reason::BadRequest => StatusCode::BAD_REQUEST,
             Reason::Forbidden => StatusCode::FORBIDDEN,
             Reason::NoRoute => StatusCode::NOT_FOUND,
             Reason::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
@@ -101,6 +104,7 @@ impl Reason {
             Reason::UpgradeNotSupported => {
                 "this port speaks only HTTP/2; HTTP/1.1 upgrades cannot reach it"
             }
+            Reason::BadRequest => "the request's framing or fields are malformed",
         }
     }
 

@@ -53,6 +53,27 @@ impl Default for Activity {
     }
 }
 
+/// What a request body's reader learns for the rest of the request: the data bytes that went
+/// through (the access log's `bytes_received`), and whether the body ended in an error of the
+/// client's making: malformed framing, a client that closed or reset mid-body, a stream idle
+/// cut, trailers over the limits. Such a failure is never the upstream's (SPEC 11).
+#[derive(Debug, Default)]
+pub struct Received {
+    bytes: AtomicU64,
+    failed: std::sync::atomic::AtomicBool,
+}
+
+impl Received {
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// The request body failed on the client's side.
+    pub fn client_failed(&self) -> bool {
+        self.failed.load(Ordering::Relaxed)
+    }
+}
+
 /// The limits a guarded body enforces.
 struct Guard {
     listener: &'static str,
@@ -65,9 +86,10 @@ pub struct Metered<B> {
     inner: B,
     /// Data bytes so far.
     counted: u64,
-    /// The same count, for a reader elsewhere (a request body's, read by the access log when
-    /// the response ends). A response body's count goes only to its `on_end`, so it has none.
-    bytes: Option<Arc<AtomicU64>>,
+    /// The same count and how the body ended, for readers elsewhere (a request body's, read by
+    /// the access log when the response ends and by the forwarder when the upstream exchange
+    /// broke). A response body's count goes only to its `on_end`, so it has none.
+    bytes: Option<Arc<Received>>,
     on_end: Option<OnEnd>,
     guard: Option<Guard>,
     /// A request body not to be read until the next hop's `100 Continue` (`expect.rs`).
@@ -86,7 +108,7 @@ pub type RespBody = Metered<Either<UpBody, Full<Bytes>>>;
 pub use super::upstream_body::UpBody;
 
 impl<B> Metered<B> {
-    pub fn new(inner: B, bytes: Arc<AtomicU64>) -> Metered<B> {
+    pub fn new(inner: B, bytes: Arc<Received>) -> Metered<B> {
         let mut m = Metered::counted_here(inner);
         m.bytes = Some(bytes);
         m
@@ -154,14 +176,27 @@ impl<B> Metered<B> {
         if let Some(g) = &self.guard {
             crate::metrics::get().cut_off(g.listener, reason);
         }
-        self.finish(false);
+        self.failed();
         what.into()
+    }
+
+    /// The body ends in an error from its own side (the peer that sends it, or its limits).
+    fn failed(&mut self) {
+        if let Some(r) = &self.bytes {
+            r.failed.store(true, Ordering::Relaxed);
+        }
+        self.finish(false);
+    }
+
+    /// The count and end of a request body, for reading after the body was handed on.
+    pub fn received(&self) -> Option<Arc<Received>> {
+        self.bytes.clone()
     }
 }
 
 impl ReqBody {
     /// A request body from the peer.
-    pub fn from_peer(inner: Incoming, bytes: Arc<AtomicU64>) -> ReqBody {
+    pub fn from_peer(inner: Incoming, bytes: Arc<Received>) -> ReqBody {
         Metered::new(Either::Left(inner), bytes)
     }
 
@@ -220,7 +255,7 @@ where
                 if let Some(d) = frame.data_ref() {
                     this.counted += d.len() as u64;
                     if let Some(b) = &this.bytes {
-                        b.fetch_add(d.len() as u64, Ordering::Relaxed);
+                        b.bytes.fetch_add(d.len() as u64, Ordering::Relaxed);
                     }
                 }
                 if this.inner.is_end_stream() {
@@ -229,7 +264,7 @@ where
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => {
-                this.finish(false);
+                this.failed();
                 Poll::Ready(Some(Err(e.into())))
             }
             Poll::Ready(None) => {
@@ -289,7 +324,7 @@ mod tests {
 
     #[tokio::test]
     async fn counts_bytes_and_ends_once() {
-        let bytes = Arc::new(AtomicU64::new(0));
+        let bytes = Arc::new(Received::default());
         let ended = Arc::new(Mutex::new(Vec::new()));
         let e = ended.clone();
         let body: Metered<Full<Bytes>> =
@@ -297,7 +332,8 @@ mod tests {
                 .on_end(Box::new(move |clean, n| e.lock().unwrap().push((clean, n))));
         let collected = body.collect().await.unwrap().to_bytes();
         assert_eq!(&collected[..], b"hello");
-        assert_eq!(bytes.load(Ordering::Relaxed), 5);
+        assert_eq!(bytes.bytes(), 5);
+        assert!(!bytes.client_failed());
         assert_eq!(*ended.lock().unwrap(), vec![(true, 5)]);
 
         // A response body's count goes to its end hook alone.

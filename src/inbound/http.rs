@@ -271,6 +271,7 @@ impl HttpChains {
         } else {
             None
         };
+        let received = req.body().received();
         let sent = match self.app_pool.send(&key, sender, req, 0).await {
             // A pooled connection the app had closed (its keep-alive timeout, or an app short
             // of connections closing idle ones) hands the request back unsent: it goes again,
@@ -302,6 +303,12 @@ impl HttpChains {
         let (mut resp, stream) = match sent {
             Ok(r) => r,
             Err(SendError::NotSent(_)) => return Err(Reason::AppUnavailable),
+            Err(SendError::Failed(e)) if received.is_some_and(|r| r.client_failed()) => {
+                // The peer's request broke (malformed, or the peer went away mid-body): not the
+                // app's doing, and answered as the client's.
+                tracing::debug!(port, "inbound: the request broke on the client's side: {e}");
+                return Err(Reason::BadRequest);
+            }
             Err(SendError::Failed(e)) => {
                 tracing::debug!(port, "inbound: app broke the exchange: {e}");
                 // An h2 app that refused the stream (`REFUSED_STREAM`, or a stream above its

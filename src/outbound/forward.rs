@@ -72,6 +72,7 @@ async fn attempts(
     src: IpAddr,
 ) -> Result<(Response<UpBody>, InFlight), Reason> {
     let max_uses = cluster.service.max_requests_per_connection;
+    let received = req.body().received();
     let mut req = Some(req);
     // Why the attempt before this one failed (the `reason` of the retry counter).
     let mut retrying: Option<&'static str> = None;
@@ -150,6 +151,12 @@ async fn attempts(
                 }
                 req = Some(r);
                 retrying = Some("pool-closed");
+            }
+            Err(SendError::Failed(e)) if received.as_ref().is_some_and(|r| r.client_failed()) => {
+                // The client's own body broke (malformed framing, a close or reset mid-body):
+                // the endpoint did nothing wrong, so no outlier failure and no retry.
+                tracing::info!(cluster = %cluster.name, endpoint = %ep.address, "the client broke its request: {e}");
+                return Err(Reason::BadRequest);
             }
             Err(SendError::Failed(e)) => {
                 let failure = retry::classify(&e);
