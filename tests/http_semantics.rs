@@ -1025,3 +1025,331 @@ async fn one_gib_download_streams_with_flat_memory() {
     })
     .await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Framing (SPEC 11): never ambiguous, never silently altered
+// ---------------------------------------------------------------------------------------------
+
+/// What the app must have received for a case.
+#[derive(Debug, Clone, Copy)]
+enum AppGot {
+    /// No request at all.
+    Nothing,
+    /// One request with this body.
+    Body(&'static [u8]),
+    /// One request without these fields.
+    Without(&'static [&'static str]),
+}
+
+/// One row of the framing table: a raw HTTP/1.1 request and what must come of it.
+struct Case {
+    name: &'static str,
+    /// Method and target.
+    line: &'static str,
+    /// Header fields after `Host`, each ending in CRLF.
+    fields: &'static str,
+    body: &'static [u8],
+    /// Status and `x-aether-error` (None: the app's own answer).
+    answer: (u16, Option<&'static str>),
+    /// The connection closes after the answer.
+    closes: bool,
+    app: AppGot,
+}
+
+const CHUNKED_HELLO: &[u8] = b"5\r\nhello\r\n0\r\n\r\n";
+
+const FRAMING: &[Case] = &[
+    Case {
+        name: "Content-Length then Transfer-Encoding",
+        line: "POST /cl-te",
+        fields: "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n",
+        body: CHUNKED_HELLO,
+        answer: (400, Some("bad-request")),
+        closes: true,
+        app: AppGot::Nothing,
+    },
+    Case {
+        name: "Transfer-Encoding then Content-Length",
+        line: "POST /te-cl",
+        fields: "Transfer-Encoding: chunked\r\nContent-Length: 5\r\n",
+        body: CHUNKED_HELLO,
+        answer: (400, Some("bad-request")),
+        closes: true,
+        app: AppGot::Nothing,
+    },
+    Case {
+        name: "two equal Content-Length fields",
+        line: "POST /cl-cl",
+        fields: "Content-Length: 5\r\nContent-Length: 5\r\n",
+        body: b"hello",
+        answer: (400, Some("bad-request")),
+        closes: true,
+        app: AppGot::Nothing,
+    },
+    Case {
+        name: "gzip, chunked",
+        line: "POST /gzip",
+        fields: "Transfer-Encoding: gzip, chunked\r\n",
+        body: CHUNKED_HELLO,
+        answer: (501, Some("unsupported-transfer-coding")),
+        closes: true,
+        app: AppGot::Nothing,
+    },
+    Case {
+        name: "identity, chunked",
+        line: "POST /identity",
+        fields: "Transfer-Encoding: identity, chunked\r\n",
+        body: CHUNKED_HELLO,
+        answer: (501, Some("unsupported-transfer-coding")),
+        closes: true,
+        app: AppGot::Nothing,
+    },
+    Case {
+        name: "gzip and chunked in two fields",
+        line: "POST /two-te",
+        fields: "Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n",
+        body: CHUNKED_HELLO,
+        answer: (501, Some("unsupported-transfer-coding")),
+        closes: true,
+        app: AppGot::Nothing,
+    },
+    Case {
+        name: "a GET with a chunked body keeps it",
+        line: "GET /get-body",
+        fields: "Transfer-Encoding: chunked\r\n",
+        body: CHUNKED_HELLO,
+        answer: (200, None),
+        closes: false,
+        app: AppGot::Body(b"hello"),
+    },
+    Case {
+        name: "a GET with a length keeps its body",
+        line: "GET /get-length",
+        fields: "Content-Length: 5\r\n",
+        body: b"hello",
+        answer: (200, None),
+        closes: false,
+        app: AppGot::Body(b"hello"),
+    },
+    Case {
+        name: "a chunk extension",
+        line: "POST /ext",
+        fields: "Transfer-Encoding: chunked\r\n",
+        body: b"5;name=value\r\nhello\r\n0\r\n\r\n",
+        answer: (200, None),
+        closes: false,
+        app: AppGot::Body(b"hello"),
+    },
+    Case {
+        name: "an upper-case chunk size and a trailer",
+        line: "POST /trailer",
+        fields: "Transfer-Encoding: chunked\r\n",
+        body: b"A\r\n0123456789\r\n0\r\nx-t: 1\r\n\r\n",
+        answer: (200, None),
+        closes: false,
+        app: AppGot::Body(b"0123456789"),
+    },
+    Case {
+        name: "Upgrade: h2c on a plain request",
+        line: "GET /h2c",
+        fields:
+            "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABk\r\n",
+        body: b"",
+        answer: (200, None),
+        closes: false,
+        app: AppGot::Without(&["upgrade", "http2-settings"]),
+    },
+    Case {
+        name: "an upgrade token the port does not list",
+        line: "GET /unknown-upgrade",
+        fields: "Connection: Upgrade\r\nUpgrade: x-unknown\r\n",
+        body: b"",
+        answer: (200, None),
+        closes: false,
+        app: AppGot::Without(&["upgrade"]),
+    },
+];
+
+/// Sends `case` on `s` (a fresh connection to `host`'s side) and checks the answer.
+async fn run_case<S>(s: &mut S, host: &str, case: &Case, side: &str)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let what = format!("{side}: {}", case.name);
+    let mut req = format!(
+        "{} HTTP/1.1\r\nHost: {host}\r\n{}\r\n",
+        case.line, case.fields
+    )
+    .into_bytes();
+    req.extend_from_slice(case.body);
+    s.write_all(&req).await.unwrap();
+    let head = read_head(s).await.unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_eq!(
+        (head.status, head.header("x-aether-error")),
+        case.answer,
+        "{what}: {head:?}"
+    );
+    assert_eq!(
+        head.header("connection")
+            .is_some_and(|v| v.eq_ignore_ascii_case("close")),
+        case.closes,
+        "{what}: whether the answer closes the connection: {head:?}"
+    );
+    let len: usize = head
+        .header("content-length")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{what}: a length on the answer: {head:?}"));
+    let mut body = vec![0u8; len];
+    within(IO_TIMEOUT, "the answer's body", s.read_exact(&mut body))
+        .await
+        .unwrap()
+        .unwrap();
+    if case.closes {
+        // A refusal lingers while the client still sends; this client is done.
+        let _ = s.shutdown().await;
+        let mut rest = [0u8; 64];
+        let n = within(IO_TIMEOUT, "the close", s.read(&mut rest))
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}"))
+            .unwrap_or(0);
+        assert_eq!(n, 0, "{what}: the connection closes after the answer");
+    }
+}
+
+/// The framing table, through the client pod's sidecar and straight at the server pod's sidecar
+/// over mTLS: each row's answer and what the app got.
+#[tokio::test]
+async fn the_framing_table_on_both_sidecars() {
+    let net = Net::fresh();
+    let (client_pod, server_pod) = (net.pod(0), net.pod(1));
+    let certs = certs();
+    let app = HttpApp::auto(server_pod.app(8080)).await;
+    let h1_app = HttpApp::auto(server_pod.app(8081)).await;
+    let _server = server_proxy(
+        &certs,
+        server_pod,
+        "payments",
+        &[
+            "{ port: 8080, protocol: auto }",
+            "{ port: 8081, protocol: http1 }",
+        ],
+    )
+    .await;
+    let cat = catalog(&[service(
+        "payments",
+        &certs.spiffe_id(PAYMENTS),
+        "",
+        &[endpoint(server_pod.proxy_ip(), &[8080, 8081])],
+    )]);
+    let _client = client_proxy(&certs, client_pod, &cat, "").await;
+    // An h2 GET with DATA keeps its body, to an h2 app and to an HTTP/1.1 one.
+    for (port, app) in [(8080, &app), (8081, &h1_app)] {
+        let tcp = tcp_connect(client_pod.outbound()).await.unwrap();
+        let (mut h2, conn) = h2::client::handshake(tcp).await.unwrap();
+        tokio::spawn(conn);
+        let req = Request::get(format!("http://{SVC}:{port}/h2-get-body"))
+            .body(())
+            .unwrap();
+        let (resp, mut body) = h2.send_request(req, false).unwrap();
+        body.send_data(Bytes::from_static(b"hello"), true).unwrap();
+        let resp = within(IO_TIMEOUT, "the h2 answer", resp)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(resp.status(), 200, "h2 GET with DATA to {port}");
+        let seen = app.seen();
+        assert_eq!(
+            &seen.last().expect("the app got it").body[..],
+            b"hello",
+            "h2 GET with DATA to {port}"
+        );
+    }
+    let tls = TlsClient::with_identity(&certs, "frontend")
+        .sni(Some("8080"))
+        .alpn(&["http/1.1"]);
+    for case in FRAMING {
+        for side in ["client sidecar", "server sidecar"] {
+            let before = app.seen().len();
+            if side == "client sidecar" {
+                let mut s = tcp_connect(client_pod.outbound()).await.unwrap();
+                run_case(&mut s, SVC, case, side).await;
+            } else {
+                let mut s = tls.connect(server_pod.inbound()).await.unwrap();
+                run_case(&mut s, &format!("{SVC}:8080"), case, side).await;
+            }
+            let seen = app.seen();
+            let new = &seen[before..];
+            let what = format!("{side}: {}", case.name);
+            match case.app {
+                AppGot::Nothing => assert!(new.is_empty(), "{what}: the app got {new:?}"),
+                AppGot::Body(b) => {
+                    assert_eq!(new.len(), 1, "{what}");
+                    assert_eq!(&new[0].body[..], b, "{what}");
+                }
+                AppGot::Without(fields) => {
+                    assert_eq!(new.len(), 1, "{what}");
+                    for f in fields {
+                        assert!(
+                            new[0].header_all(f).is_empty(),
+                            "{what}: {f} reached the app"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// An answer with a transfer coding other than chunked cannot be passed on (the hop-by-hop
+/// field goes, and the client would read coded bytes as plain): 502 on both sidecars, from an
+/// app behind the server sidecar and from a peer on the client sidecar's mTLS hop.
+#[tokio::test]
+async fn an_answer_coded_other_than_chunked_is_502_on_both_sidecars() {
+    use common::mesh::rogue::CODED_ANSWER;
+    let net = Net::fresh();
+    let (client_pod, server_pod, rogue_pod) = (net.pod(0), net.pod(1), net.pod(2));
+    let certs = certs();
+    // The app behind the server sidecar answers every request with the coded answer.
+    let listener = TcpListener::bind(server_pod.app(8080)).await.unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                if read_http_head(&mut tcp, &mut buf).await.is_some() {
+                    let _ = tcp.write_all(CODED_ANSWER).await;
+                }
+            });
+        }
+    });
+    let _server = server_proxy(
+        &certs,
+        server_pod,
+        "payments",
+        &["{ port: 8080, protocol: http1 }"],
+    )
+    .await;
+    let _rogue = RoguePod::start(&certs, rogue_pod.inbound(), Misbehaviour::H1AnswerCoded).await;
+    let cat = catalog(&[
+        service(
+            "payments",
+            &certs.spiffe_id(PAYMENTS),
+            "",
+            &[endpoint(server_pod.proxy_ip(), &[8080])],
+        ),
+        service(
+            "orders",
+            &certs.spiffe_id(PAYMENTS),
+            "",
+            &[endpoint(rogue_pod.proxy_ip(), &[8080])],
+        ),
+    ]);
+    let _client = client_proxy(&certs, client_pod, &cat, "").await;
+    for (authority, via) in [
+        (SVC, "the server sidecar (its app)"),
+        ("orders.aether.internal", "the client sidecar (its peer)"),
+    ] {
+        let r = get_h1(client_pod.outbound(), authority, "/coded").await;
+        assert_eq!(r.status.as_u16(), 502, "{via}: {r:?}");
+        assert_eq!(r.aether_error(), Some("upstream-protocol-error"), "{via}");
+    }
+}

@@ -31,6 +31,7 @@ pub enum Reason {
     DiscoveryTimeout,
     UpgradeNotSupported,
     BadRequest,
+    UnsupportedTransferCoding,
 }
 
 impl Reason {
@@ -55,6 +56,7 @@ impl Reason {
             Reason::DiscoveryTimeout => "discovery-timeout",
             Reason::UpgradeNotSupported => "upgrade-not-supported",
             Reason::BadRequest => "bad-request",
+            Reason::UnsupportedTransferCoding => "unsupported-transfer-coding",
         }
     }
 
@@ -69,6 +71,7 @@ impl Reason {
             Reason::NoRoute => StatusCode::NOT_FOUND,
             Reason::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Reason::UpstreamProtocolError => StatusCode::BAD_GATEWAY,
+            Reason::UnsupportedTransferCoding => StatusCode::NOT_IMPLEMENTED,
             Reason::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             Reason::UnknownService
             | Reason::PortNotExposed
@@ -105,6 +108,7 @@ impl Reason {
                 "this port speaks only HTTP/2; HTTP/1.1 upgrades cannot reach it"
             }
             Reason::BadRequest => "the request's framing or fields are malformed",
+            Reason::UnsupportedTransferCoding => "only the chunked transfer coding is supported",
         }
     }
 

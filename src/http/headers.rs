@@ -2,6 +2,8 @@
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
+use super::answer::Reason;
+
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 pub const XFCC: HeaderName = HeaderName::from_static("x-forwarded-client-cert");
 
@@ -26,6 +28,45 @@ pub fn too_large(h: &HeaderMap) -> bool {
 pub fn forwarded_response<B>(resp: &mut http::Response<B>) {
     strip_hop_by_hop(resp.headers_mut());
     *resp.version_mut() = http::Version::HTTP_11;
+}
+
+/// Why an HTTP/1 request's framing is refused (SPEC 11), before anything is forwarded:
+/// `Content-Length` with `Transfer-Encoding`, or two `Content-Length` fields, is ambiguous
+/// (the request smuggling of RFC 9112 section 11.2), 400; a transfer coding other than
+/// `chunked` would reach the app still coded once the hop-by-hop header is gone, 501. Either
+/// way the connection closes after the answer. HTTP/2 frames its own bodies.
+pub fn framing_error<B>(req: &http::Request<B>) -> Option<Reason> {
+    if req.version() >= http::Version::HTTP_2 {
+        return None;
+    }
+    let h = req.headers();
+    let lengths = h.get_all(http::header::CONTENT_LENGTH).iter().count();
+    let mut codings = h.get_all(http::header::TRANSFER_ENCODING).iter().peekable();
+    if codings.peek().is_some() {
+        if lengths > 0 {
+            return Some(Reason::BadRequest);
+        }
+        let only_chunked = codings
+            .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+            .map(<[u8]>::trim_ascii)
+            .all(|t| t.eq_ignore_ascii_case(b"chunked"));
+        if !only_chunked {
+            return Some(Reason::UnsupportedTransferCoding);
+        }
+    }
+    (lengths > 1).then_some(Reason::BadRequest)
+}
+
+/// Whether an HTTP/1 response's framing can be passed on: a transfer coding other than
+/// `chunked` cannot, since the hop-by-hop `Transfer-Encoding` is removed and the client would
+/// get still-coded bytes as if plain (502).
+pub fn response_framing_ok<B>(resp: &http::Response<B>) -> bool {
+    resp.headers()
+        .get_all(http::header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(<[u8]>::trim_ascii)
+        .all(|t| t.eq_ignore_ascii_case(b"chunked"))
 }
 
 /// Removes connection-specific headers, which must not cross a proxy (RFC 9110 7.6.1) and
@@ -418,6 +459,23 @@ pub fn retarget<B>(
         *req.version_mut() = http::Version::HTTP_11;
     }
     Ok(())
+}
+
+/// A request body goes on whatever the method (SPEC 11). hyper's HTTP/1 client sends a GET or
+/// HEAD whose body length is unknown (chunked, or from HTTP/2) without it, unless the request
+/// says `Transfer-Encoding: chunked` itself; the hop-by-hop removal took the client's away.
+pub fn keep_h1_body<B: hyper::body::Body>(req: &mut http::Request<B>) {
+    let dropped_by_default = matches!(*req.method(), http::Method::GET | http::Method::HEAD);
+    if dropped_by_default
+        && !req.body().is_end_stream()
+        && req.body().size_hint().exact().is_none()
+        && !req.headers().contains_key(http::header::CONTENT_LENGTH)
+    {
+        req.headers_mut().insert(
+            http::header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+    }
 }
 
 #[cfg(test)]

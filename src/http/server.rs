@@ -401,12 +401,25 @@ impl Frames {
 
 /// Counts an HTTP/1 request head's field lines as they arrive, up to the blank line that ends
 /// it. A field counts from its first byte, as hyper's parser counts it, so the field too many
-/// is seen here before hyper could parse it.
+/// is seen here before hyper could parse it. It also notes the framing fields: hyper quietly
+/// drops a `Content-Length` beside `Transfer-Encoding`, and a second equal one, so only the
+/// bytes show a head whose framing is ambiguous (SPEC 11: 400 and close, as Envoy answers).
 #[derive(Default)]
 struct HeadLines {
     at: LineAt,
     fields: usize,
+    /// The field being read, lowercased up to its colon, while it may still be a framing one.
+    name: [u8; FRAMING_NAME_MAX],
+    name_len: usize,
+    naming: bool,
+    lengths: u8,
+    coded: bool,
+    /// Refused for ambiguous framing (else, when `feed` refused, for too many fields).
+    ambiguous: bool,
 }
+
+/// `transfer-encoding`, the longer of the two framing field names.
+const FRAMING_NAME_MAX: usize = 17;
 
 #[derive(Default, Clone, Copy, PartialEq, Eq)]
 enum LineAt {
@@ -423,8 +436,13 @@ enum LineAt {
 }
 
 impl HeadLines {
-    /// True once the head has more fields than SPEC section 8 allows.
+    /// True once the head has more fields than SPEC section 8 allows, or framing fields that
+    /// contradict each other (`ambiguous`).
     fn feed(&mut self, bytes: &[u8]) -> bool {
+        // A field name split between two reads goes on here.
+        if self.naming && self.name_more(bytes) {
+            return true;
+        }
         let mut i = 0;
         // Byte by byte only where a line begins; inside lines, from one `\n` to the next.
         loop {
@@ -447,8 +465,7 @@ impl HeadLines {
                         self.at = LineAt::Cr;
                         i += 1;
                     } else {
-                        self.fields += 1;
-                        if self.fields > super::headers::MAX_HEADERS {
+                        if self.field_begins(&bytes[i..]) {
                             return true;
                         }
                         self.at = LineAt::Line;
@@ -466,8 +483,7 @@ impl HeadLines {
                         // The common line: a field starts right after its predecessor's end.
                         match rest.get(lf + 1) {
                             Some(&c) if c != b'\r' && c != b'\n' => {
-                                self.fields += 1;
-                                if self.fields > super::headers::MAX_HEADERS {
+                                if self.field_begins(&rest[lf + 1..]) {
                                     return true;
                                 }
                                 next = ends.next();
@@ -482,6 +498,47 @@ impl HeadLines {
                 }
             }
         }
+    }
+
+    /// A field line begins at `from[0]`; true when the head must be refused.
+    fn field_begins(&mut self, from: &[u8]) -> bool {
+        self.fields += 1;
+        if self.fields > super::headers::MAX_HEADERS {
+            return true;
+        }
+        // Only `content-length` and `transfer-encoding` are looked at; other fields cost
+        // this one comparison.
+        self.naming = matches!(from[0], b'c' | b'C' | b't' | b'T');
+        self.name_len = 0;
+        self.naming && self.name_more(from)
+    }
+
+    /// Reads more of the current field's name from `bytes`, which continue it; true when its
+    /// framing now contradicts an earlier field's.
+    fn name_more(&mut self, bytes: &[u8]) -> bool {
+        for &b in bytes {
+            if b == b':' {
+                self.naming = false;
+                return self.framing_field();
+            }
+            if b == b'\n' || self.name_len == FRAMING_NAME_MAX {
+                self.naming = false;
+                return false;
+            }
+            self.name[self.name_len] = b.to_ascii_lowercase();
+            self.name_len += 1;
+        }
+        false
+    }
+
+    fn framing_field(&mut self) -> bool {
+        match &self.name[..self.name_len] {
+            b"content-length" => self.lengths = self.lengths.saturating_add(1),
+            b"transfer-encoding" => self.coded = true,
+            _ => return false,
+        }
+        self.ambiguous = self.lengths > 1 || (self.coded && self.lengths > 0);
+        self.ambiguous
     }
 }
 
@@ -812,6 +869,18 @@ impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin> Timed<S> {
         self.poll_refusal(cx)
     }
 
+    /// Answers an HTTP/1 head with ambiguous framing 400 `bad-request` and closes: after it,
+    /// where the next request would begin is unknown.
+    fn refuse_framing(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        crate::metrics::get().cut_off(self.listener, "ambiguous_framing");
+        let answer = refusal_answer(super::answer::Reason::BadRequest, "400 Bad Request");
+        self.refusal = Some(Refusal::Writing(answer, 0));
+        self.poll_refusal(cx)
+    }
+
     /// Writes the 431 answer for an oversized HTTP/1 head, reads what the client still sends
     /// for a moment, then fails the read so that hyper closes the connection without answering
     /// again.
@@ -906,8 +975,12 @@ impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin> tokio::io::AsyncRe
             Poll::Ready(Ok(())) => {
                 if buf.filled().len() > before && this.arrived(&buf.filled()[before..], between, n)
                 {
-                    // The field too many never reaches hyper, which would answer its own 431.
+                    // The field too many (or the contradicting one) never reaches hyper, which
+                    // would answer its own 431 (or pass the request on).
                     buf.set_filled(before);
+                    if this.head_lines.ambiguous {
+                        return this.refuse_framing(cx);
+                    }
                     return this.refuse_head(cx);
                 }
                 Poll::Ready(Ok(()))
@@ -924,10 +997,17 @@ impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin> tokio::io::AsyncRe
 /// The 431 `headers-too-large` answer (SPEC section 7), written raw: hyper never parsed the
 /// request.
 fn head_too_large_answer() -> bytes::Bytes {
-    let reason = super::answer::Reason::HeadersTooLarge;
+    refusal_answer(
+        super::answer::Reason::HeadersTooLarge,
+        "431 Request Header Fields Too Large",
+    )
+}
+
+/// An error answer written raw, before hyper parsed the request, with a close.
+fn refusal_answer(reason: super::answer::Reason, status: &str) -> bytes::Bytes {
     let body = reason.body_line();
     bytes::Bytes::from(format!(
-        "HTTP/1.1 431 Request Header Fields Too Large\r\n{}: {}\r\ncontent-type: text/plain\r\n\
+        "HTTP/1.1 {status}\r\n{}: {}\r\ncontent-type: text/plain\r\n\
          content-length: {}\r\nconnection: close\r\n\r\n{body}",
         super::answer::X_AETHER_ERROR,
         reason.as_str(),
@@ -1473,6 +1553,49 @@ mod tests {
         assert!(
             !lines.feed(("GET / HTTP/1.1\n".to_string() + &"a: b\n".repeat(100) + "\n").as_bytes())
         );
+    }
+
+    #[test]
+    fn head_lines_find_ambiguous_framing_in_any_split() {
+        let heads: [(&[u8], bool); 7] = [
+            (
+                b"POST / HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+                true,
+            ),
+            (
+                b"POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\ncontent-length: 5\r\n\r\n",
+                true,
+            ),
+            (
+                b"POST / HTTP/1.1\r\nCONTENT-LENGTH: 5\r\nx: y\r\nContent-Length: 5\r\n\r\n",
+                true,
+            ),
+            (
+                b"POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Type: a\r\n\r\n",
+                false,
+            ),
+            (
+                b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTE: trailers\r\n\r\n",
+                false,
+            ),
+            (
+                b"POST / HTTP/1.1\r\nx-content-length: 5\r\ncontent-length: 5\r\n\r\n",
+                false,
+            ),
+            (
+                b"POST / HTTP/1.1\r\ncontent-length-x: 5\r\ncontent-length: 5\r\n\r\n",
+                false,
+            ),
+        ];
+        for (head, ambiguous) in heads {
+            for piece in [1, 2, 3, 5, 16, head.len()] {
+                let mut lines = HeadLines::default();
+                let refused = head.chunks(piece).any(|part| lines.feed(part));
+                let what = String::from_utf8_lossy(head);
+                assert_eq!(refused, ambiguous, "{what} in pieces of {piece}");
+                assert_eq!(lines.ambiguous, ambiguous, "{what} in pieces of {piece}");
+            }
+        }
     }
 
     #[tokio::test]

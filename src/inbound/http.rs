@@ -140,6 +140,7 @@ impl HttpChains {
         let conn = &*conn;
         // Limits apply to what the client sent, before this proxy adds anything.
         let oversized = headers::too_large(req.headers());
+        let misframed = headers::framing_error(&req);
         headers::drop_underscored_counted(req.headers_mut(), Direction::inbound);
         headers::make_room_for_added(req.headers_mut());
         let request_id = headers::ensure_request_id(req.headers_mut());
@@ -178,7 +179,7 @@ impl HttpChains {
         let mut open = Some(open);
         let forwarded = tokio::time::timeout(
             timers.first_byte,
-            self.forward(req, conn, &log.authority, oversized, &mut open),
+            self.forward(req, conn, &log.authority, (oversized, misframed), &mut open),
         )
         .await
         .unwrap_or_else(|_| {
@@ -189,8 +190,9 @@ impl HttpChains {
             Ok((resp, stream)) => (resp, None, stream),
             Err(reason) => (reason.response(), Some(reason), None),
         };
-        if self.drain.phase() >= Phase::Closing {
-            // HTTP/1.1 peers learn to reconnect elsewhere; hyper drops it on h2.
+        if self.drain.phase() >= Phase::Closing || misframed.is_some() {
+            // HTTP/1.1 peers learn to reconnect elsewhere; hyper drops it on h2. After a
+            // misframed request the connection's next bytes cannot be trusted either.
             resp.headers_mut()
                 .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
         }
@@ -215,11 +217,14 @@ impl HttpChains {
         mut req: BoxedRequest,
         conn: &ConnCtx,
         authority: &str,
-        oversized: bool,
+        (oversized, misframed): (bool, Option<Reason>),
         open: &mut Option<RequestOpen>,
     ) -> Result<(Response<Body>, Option<StreamGuard>), Reason> {
         if oversized {
             return Err(Reason::HeadersTooLarge);
+        }
+        if let Some(r) = misframed {
+            return Err(r);
         }
         if !conn.chain.allows(&conn.peer.spiffe_id) {
             return Err(Reason::Forbidden);
@@ -251,6 +256,9 @@ impl HttpChains {
             return Box::pin(up).await;
         }
         headers::retarget(&mut req, to_h2, authority)?;
+        if !to_h2 {
+            headers::keep_h1_body(&mut req);
+        }
         let key = (port, to_h2);
         let (sender, idle, pooled) = match self.app_pool.get_with_idle(&key, 0) {
             Some((c, idle)) => (c, idle, true),
@@ -320,6 +328,13 @@ impl HttpChains {
                 return Err(Reason::UpstreamProtocolError);
             }
         };
+        if !headers::response_framing_ok(&resp) {
+            tracing::debug!(
+                port,
+                "inbound: the app answered with a transfer coding other than chunked"
+            );
+            return Err(Reason::UpstreamProtocolError);
+        }
         if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
             // No upgrade was forwarded (see `upgrade_of`): a switch now would be a tunnel the
             // proxy never agreed to.

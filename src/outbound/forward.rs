@@ -113,6 +113,9 @@ async fn attempts(
         let mut r = req.take().expect("a request is present until sent");
         let to_h2 = matches!(conn, Conn::H2(..));
         headers::retarget(&mut r, to_h2, authority)?;
+        if !to_h2 {
+            headers::keep_h1_body(&mut r);
+        }
         // hyper consumes the request even when the upstream then refuses it: keep a copy to
         // send again, when that is possible at all.
         let again = if tries.may_retry() {
@@ -122,6 +125,11 @@ async fn attempts(
         };
         match up.pool.send(&key, conn, r, max_uses).await {
             Ok((resp, stream)) => {
+                if !headers::response_framing_ok(&resp) {
+                    tracing::info!(cluster = %cluster.name, endpoint = %ep.address, "upstream answered with a transfer coding other than chunked");
+                    cluster.record(&ep, true);
+                    return Err(Reason::UpstreamProtocolError);
+                }
                 if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
                     // Not an upgrade request (those go through `upgrade.rs`): a switch
                     // nobody agreed to is never a tunnel.

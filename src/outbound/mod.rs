@@ -317,6 +317,7 @@ impl Outbound {
     ) -> Result<Response<RespBody>, Infallible> {
         // Limits apply to what the app sent, before this proxy adds or removes anything.
         let oversized = headers::too_large(req.headers());
+        let misframed = headers::framing_error(&req);
         headers::drop_underscored_counted(req.headers_mut(), Direction::outbound);
         // The app's own XFCC is never trusted.
         req.headers_mut().remove(headers::XFCC);
@@ -352,6 +353,8 @@ impl Outbound {
         let mut open = Some(open);
         let mut out = if oversized {
             Outcome::error(Reason::HeadersTooLarge)
+        } else if let Some(r) = misframed {
+            Outcome::error(r)
         } else {
             match self
                 .route(req, &log.authority, src, captured_port, &mut open)
@@ -374,7 +377,9 @@ impl Outbound {
         if wants_trailers {
             headers::declare_grpc_trailers(out.resp.headers_mut());
         }
-        if self.drain.phase() >= Phase::Closing {
+        // After a misframed request the connection's next bytes cannot be trusted to start a
+        // request: it closes.
+        if self.drain.phase() >= Phase::Closing || misframed.is_some() {
             out.resp
                 .headers_mut()
                 .insert(http::header::CONNECTION, HeaderValue::from_static("close"));

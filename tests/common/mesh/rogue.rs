@@ -40,6 +40,9 @@ pub enum Misbehaviour {
     /// HTTP/1.1 chosen by ALPN; each request is answered `101 Switching Protocols` to `h2c`,
     /// whatever it asked, and every byte after it is kept ([`RoguePod::after_switch`]).
     H1SwitchProtocols,
+    /// HTTP/1.1 chosen by ALPN; each request is answered `200` with
+    /// `Transfer-Encoding: gzip, chunked` (a coding the proxy cannot pass on), then a close.
+    H1AnswerCoded,
 }
 
 impl Misbehaviour {
@@ -49,6 +52,7 @@ impl Misbehaviour {
             Misbehaviour::H1CloseBeforeResponse
                 | Misbehaviour::H1AnswerInHttp10
                 | Misbehaviour::H1SwitchProtocols
+                | Misbehaviour::H1AnswerCoded
         )
     }
 }
@@ -261,7 +265,8 @@ where
         | Misbehaviour::ServeOnceThenClose
         | Misbehaviour::H1CloseBeforeResponse
         | Misbehaviour::H1AnswerInHttp10
-        | Misbehaviour::H1SwitchProtocols => s.shutdown().await,
+        | Misbehaviour::H1SwitchProtocols
+        | Misbehaviour::H1AnswerCoded => s.shutdown().await,
         Misbehaviour::ResetAfterHead => {
             // `:status: 200` is static table entry 8.
             s.write_all(&frame(HEADERS, END_HEADERS, stream, &[0x88]))
@@ -274,6 +279,10 @@ where
         }
     }
 }
+
+/// A `200` whose body is still gzip-coded under the chunked framing.
+pub const CODED_ANSWER: &[u8] =
+    b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n";
 
 /// HTTP/1.1: reads a request head, records and counts it, then answers it in HTTP/1.0, with a
 /// `101` (keeping what follows), or not at all (`how`), and closes the connection.
@@ -299,6 +308,9 @@ where
         Misbehaviour::H1AnswerInHttp10 => {
             s.write_all(b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\nok")
                 .await?;
+        }
+        Misbehaviour::H1AnswerCoded => {
+            s.write_all(CODED_ANSWER).await?;
         }
         Misbehaviour::H1SwitchProtocols => {
             s.write_all(
