@@ -49,7 +49,7 @@ pub struct CutOffLabels {
 
 /// Why the proxy cut a downstream connection or stream short (SPEC section 8), the `reason`
 /// label of `aether_http_protocol_errors_total`.
-pub const CUT_OFF_REASONS: [&str; 11] = [
+pub const CUT_OFF_REASONS: [&str; 12] = [
     "head_timeout",
     "header_block_timeout",
     "connection_idle",
@@ -58,6 +58,7 @@ pub const CUT_OFF_REASONS: [&str; 11] = [
     "tunnel_idle",
     "headers_too_large",
     "ambiguous_framing",
+    "malformed_request",
     "rapid_reset",
     "h2_protocol_error",
     "h2_too_much",

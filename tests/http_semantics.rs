@@ -1114,6 +1114,42 @@ const FRAMING: &[Case] = &[
         app: AppGot::Nothing,
     },
     Case {
+        name: "obs-fold",
+        line: "GET /obs-fold",
+        fields: "X-A: a\r\n b\r\n",
+        body: b"",
+        answer: (400, Some("bad-request")),
+        closes: true,
+        app: AppGot::Nothing,
+    },
+    Case {
+        name: "a bare CR in a value",
+        line: "GET /bare-cr",
+        fields: "X-A: a\rb\r\n",
+        body: b"",
+        answer: (400, Some("bad-request")),
+        closes: true,
+        app: AppGot::Nothing,
+    },
+    Case {
+        name: "a NUL in a value",
+        line: "GET /nul",
+        fields: "X-A: a\0b\r\n",
+        body: b"",
+        answer: (400, Some("bad-request")),
+        closes: true,
+        app: AppGot::Nothing,
+    },
+    Case {
+        name: "a request target of 70 KB",
+        line: "GET /{long}",
+        fields: "",
+        body: b"",
+        answer: (414, Some("uri-too-long")),
+        closes: true,
+        app: AppGot::Nothing,
+    },
+    Case {
         name: "a GET with a chunked body keeps it",
         line: "GET /get-body",
         fields: "Transfer-Encoding: chunked\r\n",
@@ -1176,11 +1212,8 @@ where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
     let what = format!("{side}: {}", case.name);
-    let mut req = format!(
-        "{} HTTP/1.1\r\nHost: {host}\r\n{}\r\n",
-        case.line, case.fields
-    )
-    .into_bytes();
+    let line = case.line.replace("{long}", &"a".repeat(70_000));
+    let mut req = format!("{line} HTTP/1.1\r\nHost: {host}\r\n{}\r\n", case.fields).into_bytes();
     req.extend_from_slice(case.body);
     s.write_all(&req).await.unwrap();
     let head = read_head(s).await.unwrap_or_else(|e| panic!("{what}: {e}"));
@@ -1351,5 +1384,55 @@ async fn an_answer_coded_other_than_chunked_is_502_on_both_sidecars() {
         let r = get_h1(client_pod.outbound(), authority, "/coded").await;
         assert_eq!(r.status.as_u16(), 502, "{via}: {r:?}");
         assert_eq!(r.aether_error(), Some("upstream-protocol-error"), "{via}");
+    }
+}
+
+/// hyper's own refusals are answered with `x-aether-error` (the table above); an app's own
+/// empty 400, shaped exactly like them once hyper re-encodes it, is passed on untouched, on a
+/// connection that stays open.
+#[tokio::test]
+async fn an_apps_own_empty_400_is_passed_on_untouched() {
+    let net = Net::fresh();
+    let (client_pod, server_pod) = (net.pod(0), net.pod(1));
+    let certs = certs();
+    let listener = TcpListener::bind(server_pod.app(8080)).await.unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                loop {
+                    let mut buf = Vec::new();
+                    if read_http_head(&mut tcp, &mut buf).await.is_none() {
+                        return;
+                    }
+                    let empty = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n";
+                    if tcp.write_all(empty).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let _server = server_proxy(
+        &certs,
+        server_pod,
+        "payments",
+        &["{ port: 8080, protocol: http1 }"],
+    )
+    .await;
+    let cat = catalog(&[service(
+        "payments",
+        &certs.spiffe_id(PAYMENTS),
+        "",
+        &[endpoint(server_pod.proxy_ip(), &[8080])],
+    )]);
+    let _client = client_proxy(&certs, client_pod, &cat, "").await;
+    let mut s = tcp_connect(client_pod.outbound()).await.unwrap();
+    for i in 0..3 {
+        let req = format!("GET /own-400/{i} HTTP/1.1\r\nHost: {SVC}\r\n\r\n");
+        s.write_all(req.as_bytes()).await.unwrap();
+        let head = read_head(&mut s).await.unwrap();
+        assert_eq!(head.status, 400, "request {i}: {head:?}");
+        assert_eq!(head.header("x-aether-error"), None, "request {i}: {head:?}");
+        assert_eq!(head.header("content-length"), Some("0"), "request {i}");
     }
 }

@@ -32,6 +32,7 @@ pub enum Reason {
     UpgradeNotSupported,
     BadRequest,
     UnsupportedTransferCoding,
+    UriTooLong,
 }
 
 impl Reason {
@@ -57,6 +58,7 @@ impl Reason {
             Reason::UpgradeNotSupported => "upgrade-not-supported",
             Reason::BadRequest => "bad-request",
             Reason::UnsupportedTransferCoding => "unsupported-transfer-coding",
+            Reason::UriTooLong => "uri-too-long",
         }
     }
 
@@ -72,6 +74,7 @@ impl Reason {
             Reason::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Reason::UpstreamProtocolError => StatusCode::BAD_GATEWAY,
             Reason::UnsupportedTransferCoding => StatusCode::NOT_IMPLEMENTED,
+            Reason::UriTooLong => StatusCode::URI_TOO_LONG,
             Reason::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             Reason::UnknownService
             | Reason::PortNotExposed
@@ -109,6 +112,7 @@ impl Reason {
             }
             Reason::BadRequest => "the request's framing or fields are malformed",
             Reason::UnsupportedTransferCoding => "only the chunked transfer coding is supported",
+            Reason::UriTooLong => "the request target is over the limit",
         }
     }
 

@@ -600,6 +600,8 @@ pub struct Timed<S> {
     first_check: Option<fn(&[u8]) -> bool>,
     /// What sniffing read, not yet handed to the codec (see [`Timed::sniff`]).
     fetched: Option<bytes::Bytes>,
+    /// The answer written instead of one hyper made itself, and how much of it went out.
+    replacing: Option<(bytes::Bytes, usize)>,
 }
 
 /// How much one read while sniffing fetches: a whole ordinary request head, or an HTTP/2
@@ -642,6 +644,7 @@ impl<S> Timed<S> {
             refusal: None,
             first_check: None,
             fetched: None,
+            replacing: None,
         }
     }
 
@@ -1044,14 +1047,86 @@ impl<S: tokio::io::AsyncWrite + Unpin> Timed<S> {
     }
 }
 
+impl<S: tokio::io::AsyncWrite + Unpin> Timed<S> {
+    /// The reason for an answer hyper wrote on its own. The proxy writes nothing of its own
+    /// for a head that never became a request, so an answer written after the bytes of a new
+    /// head began, with no request started for them, and shaped exactly as hyper's refusals
+    /// are (a `4xx` status line, `connection: close`, `content-length: 0` and `date`, nothing
+    /// else), is hyper
+    /// refusing a head it could not parse: obs-fold, a bare CR or NUL in a field, a request
+    /// target over its limit. SPEC 7 wants every such answer to carry `x-aether-error`. An
+    /// app's own empty 400 has other fields and is written before the next head begins.
+    fn library_answer(&self, buf: &[u8]) -> Option<(super::answer::Reason, &'static str)> {
+        use super::answer::Reason;
+        if self.is_h2() || buf.len() > 256 || self.requests.tunnelled() {
+            return None;
+        }
+        let (between, n) = self.requests.between();
+        if !between || !matches!(self.head_since, Some((m, _)) if m == n) {
+            return None;
+        }
+        let head = buf.strip_prefix(b"HTTP/1.1 ")?.strip_suffix(b"\r\n\r\n")?;
+        let mut lines = head.split(|b| *b == b'\n');
+        let status = lines.next()?;
+        let only_hypers_fields = lines.all(|l| {
+            l.eq_ignore_ascii_case(b"content-length: 0\r")
+                || l.eq_ignore_ascii_case(b"connection: close\r")
+                || l.starts_with(b"date: ")
+        });
+        if !only_hypers_fields {
+            return None;
+        }
+        match status.get(..3)? {
+            b"400" => Some((Reason::BadRequest, "400 Bad Request")),
+            b"414" => Some((Reason::UriTooLong, "414 URI Too Long")),
+            b"431" => Some((
+                Reason::HeadersTooLarge,
+                "431 Request Header Fields Too Large",
+            )),
+            _ => None,
+        }
+    }
+
+    /// Writes the proxy's answer in place of hyper's (`buf`), reporting `buf` as written once
+    /// the replacement is out.
+    fn poll_replace(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        buf_len: usize,
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        use std::task::Poll;
+        let (answer, sent) = self.replacing.as_mut().expect("a replacement is under way");
+        while *sent < answer.len() {
+            match std::pin::Pin::new(&mut self.inner).poll_write(cx, &answer[*sent..]) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Ok(0)),
+                Poll::Ready(Ok(k)) => *sent += k,
+                r @ (Poll::Ready(Err(_)) | Poll::Pending) => return self.wrote(cx, r),
+            }
+        }
+        self.replacing = None;
+        self.last_io = tokio::time::Instant::now();
+        Poll::Ready(Ok(buf_len))
+    }
+}
+
 impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Timed<S> {
     fn poll_write(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
         buf: &[u8],
     ) -> std::task::Poll<std::io::Result<usize>> {
-        let r = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
-        self.wrote(cx, r)
+        let this = &mut *self;
+        if this.replacing.is_none() {
+            if let Some((reason, status)) = this.library_answer(buf) {
+                crate::metrics::get().cut_off(this.listener, "malformed_request");
+                this.replacing = Some((refusal_answer(reason, status), 0));
+            }
+        }
+        if this.replacing.is_some() {
+            return this.poll_replace(cx, buf.len());
+        }
+        let r = std::pin::Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.wrote(cx, r)
     }
 
     fn poll_write_vectored(
@@ -1059,6 +1134,13 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Timed<S> {
         cx: &mut std::task::Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> std::task::Poll<std::io::Result<usize>> {
+        // hyper's own answers are one buffer, with nothing after it.
+        let mut filled = bufs.iter().filter(|b| !b.is_empty());
+        if let (Some(first), None) = (filled.next(), filled.next()) {
+            if self.replacing.is_some() || self.library_answer(first).is_some() {
+                return self.poll_write(cx, first);
+            }
+        }
         let r = std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
         self.wrote(cx, r)
     }
