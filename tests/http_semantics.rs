@@ -1039,6 +1039,8 @@ enum AppGot {
     Body(&'static [u8]),
     /// One request without these fields.
     Without(&'static [&'static str]),
+    /// One request with this field and value.
+    With(&'static str, &'static str),
 }
 
 /// One row of the framing table: a raw HTTP/1.1 request and what must come of it.
@@ -1150,6 +1152,42 @@ const FRAMING: &[Case] = &[
         app: AppGot::Nothing,
     },
     Case {
+        name: "leading zeros in a chunk size",
+        line: "POST /zeros",
+        fields: "Transfer-Encoding: chunked\r\n",
+        body: b"0005\r\nhello\r\n0\r\n\r\n",
+        answer: (200, None),
+        closes: false,
+        app: AppGot::Body(b"hello"),
+    },
+    Case {
+        name: "an absolute-form target",
+        line: "GET http://{host}/absolute",
+        fields: "",
+        body: b"",
+        answer: (200, None),
+        closes: false,
+        app: AppGot::Body(b""),
+    },
+    Case {
+        name: "a websocket upgrade the app answers 426",
+        line: "GET /ws-426",
+        fields: "Connection: Upgrade\r\nUpgrade: websocket\r\nx-app-status: 426\r\n",
+        body: b"",
+        answer: (426, None),
+        closes: false,
+        app: AppGot::With("upgrade", "websocket"),
+    },
+    Case {
+        name: "a DEL byte in a value",
+        line: "GET /del",
+        fields: "X-A: a\x7fb\r\n",
+        body: b"",
+        answer: (400, Some("bad-request")),
+        closes: true,
+        app: AppGot::Nothing,
+    },
+    Case {
         name: "a GET with a chunked body keeps it",
         line: "GET /get-body",
         fields: "Transfer-Encoding: chunked\r\n",
@@ -1212,7 +1250,10 @@ where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
     let what = format!("{side}: {}", case.name);
-    let line = case.line.replace("{long}", &"a".repeat(70_000));
+    let line = case
+        .line
+        .replace("{long}", &"a".repeat(70_000))
+        .replace("{host}", host);
     let mut req = format!("{line} HTTP/1.1\r\nHost: {host}\r\n{}\r\n", case.fields).into_bytes();
     req.extend_from_slice(case.body);
     s.write_all(&req).await.unwrap();
@@ -1318,6 +1359,10 @@ async fn the_framing_table_on_both_sidecars() {
                 AppGot::Body(b) => {
                     assert_eq!(new.len(), 1, "{what}");
                     assert_eq!(&new[0].body[..], b, "{what}");
+                }
+                AppGot::With(field, value) => {
+                    assert_eq!(new.len(), 1, "{what}");
+                    assert_eq!(new[0].header_all(field), [value], "{what}");
                 }
                 AppGot::Without(fields) => {
                     assert_eq!(new.len(), 1, "{what}");
