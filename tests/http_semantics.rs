@@ -1481,3 +1481,163 @@ async fn an_apps_own_empty_400_is_passed_on_untouched() {
         assert_eq!(head.header("content-length"), Some("0"), "request {i}");
     }
 }
+
+/// HTTP/2 field rules (RFC 9113 8.2 and 8.3), sent as raw frames so that nothing in between
+/// corrects them: a malformed request is reset and never reaches the app; a well-formed one
+/// is answered. `extra` is HPACK after `:method GET`, `:scheme http` and `:authority`.
+struct H2Case {
+    name: &'static str,
+    extra: &'static [u8],
+    /// Ends with `:path /` (0x84) after `extra`, else `:path /` comes first.
+    path_last: bool,
+    answered: bool,
+}
+
+const H2_FIELDS: &[H2Case] = &[
+    H2Case {
+        name: "a plain GET",
+        extra: b"",
+        path_last: false,
+        answered: true,
+    },
+    H2Case {
+        name: "te: trailers",
+        extra: b"\x00\x02te\x08trailers",
+        path_last: false,
+        answered: true,
+    },
+    H2Case {
+        name: "a connection-specific field",
+        extra: b"\x00\x0aconnection\x0akeep-alive",
+        path_last: false,
+        answered: false,
+    },
+    H2Case {
+        name: "te other than trailers",
+        extra: b"\x00\x02te\x04gzip",
+        path_last: false,
+        answered: false,
+    },
+    H2Case {
+        name: "an upper-case field name",
+        extra: b"\x00\x07X-Upper\x011",
+        path_last: false,
+        answered: false,
+    },
+    H2Case {
+        name: "a pseudo-header after a field",
+        extra: b"\x00\x03x-a\x011",
+        path_last: true,
+        answered: false,
+    },
+    H2Case {
+        name: "an unknown pseudo-header",
+        extra: b"\x00\x04:foo\x011",
+        path_last: false,
+        answered: false,
+    },
+];
+
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let mut f = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+    f.extend([kind, flags]);
+    f.extend(stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// Sends `case` as stream 1 on a fresh HTTP/2 connection `s`; true when stream 1 got a
+/// response head, false when it was reset (or the connection went away).
+async fn h2_case<S>(s: &mut S, authority: &str, case: &H2Case) -> bool
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    const HEADERS: u8 = 0x1;
+    const RST_STREAM: u8 = 0x3;
+    const SETTINGS: u8 = 0x4;
+    const GOAWAY: u8 = 0x7;
+    // `:method GET`, `:scheme http`, then `:authority` as a literal with an indexed name.
+    let mut block = vec![0x82, 0x86, 0x01, authority.len() as u8];
+    block.extend_from_slice(authority.as_bytes());
+    if !case.path_last {
+        block.push(0x84);
+    }
+    block.extend_from_slice(case.extra);
+    if case.path_last {
+        block.push(0x84);
+    }
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .unwrap();
+    s.write_all(&h2_frame(SETTINGS, 0, 0, &[])).await.unwrap();
+    s.write_all(&h2_frame(HEADERS, 0x4 | 0x1, 1, &block))
+        .await
+        .unwrap();
+    let read = async {
+        let mut head = [0u8; 9];
+        loop {
+            if s.read_exact(&mut head).await.is_err() {
+                return false;
+            }
+            let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+            let mut payload = vec![0u8; len];
+            if s.read_exact(&mut payload).await.is_err() {
+                return false;
+            }
+            let stream = u32::from_be_bytes(head[5..9].try_into().unwrap()) & 0x7fff_ffff;
+            match head[3] {
+                HEADERS if stream == 1 => return true,
+                RST_STREAM if stream == 1 => return false,
+                GOAWAY => return false,
+                _ => {}
+            }
+        }
+    };
+    within(IO_TIMEOUT, case.name, read).await.unwrap()
+}
+
+/// The HTTP/2 field rules on both sidecars: what the table says, and the app sees only the
+/// well-formed requests.
+#[tokio::test]
+async fn the_h2_field_rules_on_both_sidecars() {
+    let net = Net::fresh();
+    let (client_pod, server_pod) = (net.pod(0), net.pod(1));
+    let certs = certs();
+    let app = HttpApp::auto(server_pod.app(8080)).await;
+    let _server = server_proxy(
+        &certs,
+        server_pod,
+        "payments",
+        &["{ port: 8080, protocol: auto }"],
+    )
+    .await;
+    let cat = catalog(&[service(
+        "payments",
+        &certs.spiffe_id(PAYMENTS),
+        "",
+        &[endpoint(server_pod.proxy_ip(), &[8080])],
+    )]);
+    let _client = client_proxy(&certs, client_pod, &cat, "").await;
+    let tls = TlsClient::with_identity(&certs, "frontend")
+        .sni(Some("8080"))
+        .alpn(&["h2"]);
+    for case in H2_FIELDS {
+        for side in ["client sidecar", "server sidecar"] {
+            let before = app.seen().len();
+            let answered = if side == "client sidecar" {
+                let mut s = tcp_connect(client_pod.outbound()).await.unwrap();
+                h2_case(&mut s, SVC, case).await
+            } else {
+                let mut s = tls.connect(server_pod.inbound()).await.unwrap();
+                h2_case(&mut s, &format!("{SVC}:8080"), case).await
+            };
+            let what = format!("{side}: {}", case.name);
+            assert_eq!(answered, case.answered, "{what}");
+            assert_eq!(
+                app.seen().len() - before,
+                usize::from(case.answered),
+                "{what}: requests the app got"
+            );
+        }
+    }
+}
