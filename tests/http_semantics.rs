@@ -1244,6 +1244,25 @@ const FRAMING: &[Case] = &[
     },
 ];
 
+/// A payments pod's sidecar serving `ports` (config entries) and a client pod's sidecar whose
+/// catalog has the payments pod advertise `advertised`: (server, client).
+async fn payments_and_client(
+    certs: &Certs,
+    client_pod: PodNet,
+    server_pod: PodNet,
+    ports: &[&str],
+    advertised: &[u16],
+) -> (Proxy, Proxy) {
+    let server = server_proxy(certs, server_pod, "payments", ports).await;
+    let cat = catalog(&[service(
+        "payments",
+        &certs.spiffe_id(PAYMENTS),
+        "",
+        &[endpoint(server_pod.proxy_ip(), advertised)],
+    )]);
+    (server, client_proxy(certs, client_pod, &cat, "").await)
+}
+
 /// Sends `case` on `s` (a fresh connection to `host`'s side) and checks the answer.
 async fn run_case<S>(s: &mut S, host: &str, case: &Case, side: &str)
 where
@@ -1299,23 +1318,17 @@ async fn the_framing_table_on_both_sidecars() {
     let certs = certs();
     let app = HttpApp::auto(server_pod.app(8080)).await;
     let h1_app = HttpApp::auto(server_pod.app(8081)).await;
-    let _server = server_proxy(
+    let (_server, _client) = payments_and_client(
         &certs,
+        client_pod,
         server_pod,
-        "payments",
         &[
             "{ port: 8080, protocol: auto }",
             "{ port: 8081, protocol: http1 }",
         ],
+        &[8080, 8081],
     )
     .await;
-    let cat = catalog(&[service(
-        "payments",
-        &certs.spiffe_id(PAYMENTS),
-        "",
-        &[endpoint(server_pod.proxy_ip(), &[8080, 8081])],
-    )]);
-    let _client = client_proxy(&certs, client_pod, &cat, "").await;
     // An h2 GET with DATA keeps its body, to an h2 app and to an HTTP/1.1 one.
     for (port, app) in [(8080, &app), (8081, &h1_app)] {
         let tcp = tcp_connect(client_pod.outbound()).await.unwrap();
@@ -1457,20 +1470,14 @@ async fn an_apps_own_empty_400_is_passed_on_untouched() {
             });
         }
     });
-    let _server = server_proxy(
+    let (_server, _client) = payments_and_client(
         &certs,
+        client_pod,
         server_pod,
-        "payments",
         &["{ port: 8080, protocol: http1 }"],
+        &[8080],
     )
     .await;
-    let cat = catalog(&[service(
-        "payments",
-        &certs.spiffe_id(PAYMENTS),
-        "",
-        &[endpoint(server_pod.proxy_ip(), &[8080])],
-    )]);
-    let _client = client_proxy(&certs, client_pod, &cat, "").await;
     let mut s = tcp_connect(client_pod.outbound()).await.unwrap();
     for i in 0..3 {
         let req = format!("GET /own-400/{i} HTTP/1.1\r\nHost: {SVC}\r\n\r\n");
@@ -1604,20 +1611,14 @@ async fn the_h2_field_rules_on_both_sidecars() {
     let (client_pod, server_pod) = (net.pod(0), net.pod(1));
     let certs = certs();
     let app = HttpApp::auto(server_pod.app(8080)).await;
-    let _server = server_proxy(
+    let (_server, _client) = payments_and_client(
         &certs,
+        client_pod,
         server_pod,
-        "payments",
         &["{ port: 8080, protocol: auto }"],
+        &[8080],
     )
     .await;
-    let cat = catalog(&[service(
-        "payments",
-        &certs.spiffe_id(PAYMENTS),
-        "",
-        &[endpoint(server_pod.proxy_ip(), &[8080])],
-    )]);
-    let _client = client_proxy(&certs, client_pod, &cat, "").await;
     let tls = TlsClient::with_identity(&certs, "frontend")
         .sni(Some("8080"))
         .alpn(&["h2"]);

@@ -57,16 +57,22 @@ pub fn framing_error<B>(req: &http::Request<B>) -> Option<Reason> {
     (lengths > 1).then_some(Reason::BadRequest)
 }
 
-/// Whether an HTTP/1 response's framing can be passed on: a transfer coding other than
-/// `chunked` cannot, since the hop-by-hop `Transfer-Encoding` is removed and the client would
-/// get still-coded bytes as if plain (502).
-pub fn response_framing_ok<B>(resp: &http::Response<B>) -> bool {
-    resp.headers()
+/// Why a response to a plain (not upgrade) request cannot be passed on, if it cannot: a
+/// transfer coding other than `chunked` (the hop-by-hop `Transfer-Encoding` is removed, and
+/// the client would read still-coded bytes as plain), or a `101` (no upgrade was forwarded, so
+/// a switch would be a tunnel the proxy never agreed to). Either is 502.
+pub fn unforwardable<B>(resp: &http::Response<B>) -> Option<&'static str> {
+    if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+        return Some("switched protocols unasked");
+    }
+    let only_chunked = resp
+        .headers()
         .get_all(http::header::TRANSFER_ENCODING)
         .iter()
         .flat_map(|v| v.as_bytes().split(|b| *b == b','))
         .map(<[u8]>::trim_ascii)
-        .all(|t| t.eq_ignore_ascii_case(b"chunked"))
+        .all(|t| t.eq_ignore_ascii_case(b"chunked"));
+    (!only_chunked).then_some("answered with a transfer coding other than chunked")
 }
 
 /// Removes connection-specific headers, which must not cross a proxy (RFC 9110 7.6.1) and

@@ -328,17 +328,8 @@ impl HttpChains {
                 return Err(Reason::UpstreamProtocolError);
             }
         };
-        if !headers::response_framing_ok(&resp) {
-            tracing::debug!(
-                port,
-                "inbound: the app answered with a transfer coding other than chunked"
-            );
-            return Err(Reason::UpstreamProtocolError);
-        }
-        if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
-            // No upgrade was forwarded (see `upgrade_of`): a switch now would be a tunnel the
-            // proxy never agreed to.
-            tracing::debug!(port, "inbound: the app switched protocols unasked");
+        if let Some(why) = headers::unforwardable(&resp) {
+            tracing::debug!(port, "inbound: the app {why}");
             return Err(Reason::UpstreamProtocolError);
         }
         headers::forwarded_response(&mut resp);

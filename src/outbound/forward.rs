@@ -125,15 +125,8 @@ async fn attempts(
         };
         match up.pool.send(&key, conn, r, max_uses).await {
             Ok((resp, stream)) => {
-                if !headers::response_framing_ok(&resp) {
-                    tracing::info!(cluster = %cluster.name, endpoint = %ep.address, "upstream answered with a transfer coding other than chunked");
-                    cluster.record(&ep, true);
-                    return Err(Reason::UpstreamProtocolError);
-                }
-                if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
-                    // Not an upgrade request (those go through `upgrade.rs`): a switch
-                    // nobody agreed to is never a tunnel.
-                    tracing::info!(cluster = %cluster.name, endpoint = %ep.address, "upstream switched protocols unasked");
+                if let Some(why) = headers::unforwardable(&resp) {
+                    tracing::info!(cluster = %cluster.name, endpoint = %ep.address, "upstream {why}");
                     cluster.record(&ep, true);
                     return Err(Reason::UpstreamProtocolError);
                 }
