@@ -1030,19 +1030,6 @@ async fn one_gib_download_streams_with_flat_memory() {
 // Framing (SPEC 11): never ambiguous, never silently altered
 // ---------------------------------------------------------------------------------------------
 
-/// What the app must have received for a case.
-#[derive(Debug, Clone, Copy)]
-enum AppGot {
-    /// No request at all.
-    Nothing,
-    /// One request with this body.
-    Body(&'static [u8]),
-    /// One request without these fields.
-    Without(&'static [&'static str]),
-    /// One request with this field and value.
-    With(&'static str, &'static str),
-}
-
 /// One row of the framing table: a raw HTTP/1.1 request and what must come of it.
 struct Case {
     name: &'static str,
@@ -1055,10 +1042,15 @@ struct Case {
     answer: (u16, Option<&'static str>),
     /// The connection closes after the answer.
     closes: bool,
-    app: AppGot,
+    /// The exact bytes the app read (`{host}` stands for the authority), apart from the three
+    /// fields the sidecars add, which [`sidecar_fields`] checks and takes out; None: the app read
+    /// no whole request.
+    app: Option<&'static str>,
 }
 
 const CHUNKED_HELLO: &[u8] = b"5\r\nhello\r\n0\r\n\r\n";
+/// `hello` as the sidecars send it on: the coding field, then one chunk.
+const CHUNKED_TAIL: &str = "transfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n";
 
 const FRAMING: &[Case] = &[
     Case {
@@ -1068,7 +1060,7 @@ const FRAMING: &[Case] = &[
         body: CHUNKED_HELLO,
         answer: (400, Some("bad-request")),
         closes: true,
-        app: AppGot::Nothing,
+        app: None,
     },
     Case {
         name: "Transfer-Encoding then Content-Length",
@@ -1077,7 +1069,7 @@ const FRAMING: &[Case] = &[
         body: CHUNKED_HELLO,
         answer: (400, Some("bad-request")),
         closes: true,
-        app: AppGot::Nothing,
+        app: None,
     },
     Case {
         name: "two equal Content-Length fields",
@@ -1086,7 +1078,7 @@ const FRAMING: &[Case] = &[
         body: b"hello",
         answer: (400, Some("bad-request")),
         closes: true,
-        app: AppGot::Nothing,
+        app: None,
     },
     Case {
         name: "gzip, chunked",
@@ -1095,7 +1087,7 @@ const FRAMING: &[Case] = &[
         body: CHUNKED_HELLO,
         answer: (501, Some("unsupported-transfer-coding")),
         closes: true,
-        app: AppGot::Nothing,
+        app: None,
     },
     Case {
         name: "identity, chunked",
@@ -1104,7 +1096,7 @@ const FRAMING: &[Case] = &[
         body: CHUNKED_HELLO,
         answer: (501, Some("unsupported-transfer-coding")),
         closes: true,
-        app: AppGot::Nothing,
+        app: None,
     },
     Case {
         name: "gzip and chunked in two fields",
@@ -1113,7 +1105,7 @@ const FRAMING: &[Case] = &[
         body: CHUNKED_HELLO,
         answer: (501, Some("unsupported-transfer-coding")),
         closes: true,
-        app: AppGot::Nothing,
+        app: None,
     },
     Case {
         name: "obs-fold",
@@ -1122,7 +1114,7 @@ const FRAMING: &[Case] = &[
         body: b"",
         answer: (400, Some("bad-request")),
         closes: true,
-        app: AppGot::Nothing,
+        app: None,
     },
     Case {
         name: "a bare CR in a value",
@@ -1131,7 +1123,7 @@ const FRAMING: &[Case] = &[
         body: b"",
         answer: (400, Some("bad-request")),
         closes: true,
-        app: AppGot::Nothing,
+        app: None,
     },
     Case {
         name: "a NUL in a value",
@@ -1140,7 +1132,7 @@ const FRAMING: &[Case] = &[
         body: b"",
         answer: (400, Some("bad-request")),
         closes: true,
-        app: AppGot::Nothing,
+        app: None,
     },
     Case {
         name: "a request target of 70 KB",
@@ -1149,7 +1141,7 @@ const FRAMING: &[Case] = &[
         body: b"",
         answer: (414, Some("uri-too-long")),
         closes: true,
-        app: AppGot::Nothing,
+        app: None,
     },
     Case {
         name: "leading zeros in a chunk size",
@@ -1158,7 +1150,7 @@ const FRAMING: &[Case] = &[
         body: b"0005\r\nhello\r\n0\r\n\r\n",
         answer: (200, None),
         closes: false,
-        app: AppGot::Body(b"hello"),
+        app: Some("POST /zeros HTTP/1.1\r\nhost: {host}\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"),
     },
     Case {
         name: "an absolute-form target",
@@ -1167,7 +1159,7 @@ const FRAMING: &[Case] = &[
         body: b"",
         answer: (200, None),
         closes: false,
-        app: AppGot::Body(b""),
+        app: Some("GET /absolute HTTP/1.1\r\nhost: {host}\r\n\r\n"),
     },
     Case {
         name: "a websocket upgrade the app answers 426",
@@ -1176,7 +1168,7 @@ const FRAMING: &[Case] = &[
         body: b"",
         answer: (426, None),
         closes: false,
-        app: AppGot::With("upgrade", "websocket"),
+        app: Some("GET /ws-426 HTTP/1.1\r\nhost: {host}\r\nx-app-status: 426\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n"),
     },
     Case {
         name: "a DEL byte in a value",
@@ -1185,7 +1177,7 @@ const FRAMING: &[Case] = &[
         body: b"",
         answer: (400, Some("bad-request")),
         closes: true,
-        app: AppGot::Nothing,
+        app: None,
     },
     Case {
         name: "a GET with a chunked body keeps it",
@@ -1194,7 +1186,7 @@ const FRAMING: &[Case] = &[
         body: CHUNKED_HELLO,
         answer: (200, None),
         closes: false,
-        app: AppGot::Body(b"hello"),
+        app: Some("GET /get-body HTTP/1.1\r\nhost: {host}\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"),
     },
     Case {
         name: "a GET with a length keeps its body",
@@ -1203,7 +1195,7 @@ const FRAMING: &[Case] = &[
         body: b"hello",
         answer: (200, None),
         closes: false,
-        app: AppGot::Body(b"hello"),
+        app: Some("GET /get-length HTTP/1.1\r\nhost: {host}\r\ncontent-length: 5\r\n\r\nhello"),
     },
     Case {
         name: "a chunk extension",
@@ -1212,16 +1204,70 @@ const FRAMING: &[Case] = &[
         body: b"5;name=value\r\nhello\r\n0\r\n\r\n",
         answer: (200, None),
         closes: false,
-        app: AppGot::Body(b"hello"),
+        app: Some("POST /ext HTTP/1.1\r\nhost: {host}\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"),
     },
     Case {
-        name: "an upper-case chunk size and a trailer",
+        name: "an upper-case chunk size and an undeclared trailer (dropped, as Envoy does)",
         line: "POST /trailer",
         fields: "Transfer-Encoding: chunked\r\n",
         body: b"A\r\n0123456789\r\n0\r\nx-t: 1\r\n\r\n",
         answer: (200, None),
         closes: false,
-        app: AppGot::Body(b"0123456789"),
+        app: Some("POST /trailer HTTP/1.1\r\nhost: {host}\r\ntransfer-encoding: chunked\r\n\r\nA\r\n0123456789\r\n0\r\n\r\n"),
+    },
+    Case {
+        name: "a declared trailer",
+        line: "POST /declared-trailer",
+        fields: "Transfer-Encoding: chunked\r\nTrailer: x-t\r\n",
+        body: b"5\r\nhello\r\n0\r\nx-t: 1\r\n\r\n",
+        answer: (200, None),
+        closes: false,
+        app: Some("POST /declared-trailer HTTP/1.1\r\nhost: {host}\r\ntrailer: x-t\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nx-t: 1\r\n\r\n"),
+    },
+    Case {
+        name: "a chunk size that is not hex",
+        line: "POST /not-hex",
+        fields: "Transfer-Encoding: chunked\r\n",
+        body: b"5g\r\nhello\r\n0\r\n\r\n",
+        answer: (400, Some("bad-request")),
+        closes: true,
+        app: None,
+    },
+    Case {
+        name: "a chunk size past 64 bits",
+        line: "POST /overflow",
+        fields: "Transfer-Encoding: chunked\r\n",
+        body: b"10000000000000005\r\nhello\r\n0\r\n\r\n",
+        answer: (400, Some("bad-request")),
+        closes: true,
+        app: None,
+    },
+    Case {
+        name: "chunk data without its CRLF",
+        line: "POST /no-crlf",
+        fields: "Transfer-Encoding: chunked\r\n",
+        body: b"5\r\nhelloX0\r\n\r\n",
+        answer: (400, Some("bad-request")),
+        closes: true,
+        app: None,
+    },
+    Case {
+        name: "Content-Length with a sign",
+        line: "POST /plus",
+        fields: "Content-Length: +5\r\n",
+        body: b"hello",
+        answer: (400, Some("bad-request")),
+        closes: true,
+        app: None,
+    },
+    Case {
+        name: "Transfer-Encoding in HTTP/1.1 with a space before the colon",
+        line: "POST /space",
+        fields: "Transfer-Encoding : chunked\r\n",
+        body: CHUNKED_HELLO,
+        answer: (400, Some("bad-request")),
+        closes: true,
+        app: None,
     },
     Case {
         name: "Upgrade: h2c on a plain request",
@@ -1231,7 +1277,7 @@ const FRAMING: &[Case] = &[
         body: b"",
         answer: (200, None),
         closes: false,
-        app: AppGot::Without(&["upgrade", "http2-settings"]),
+        app: Some("GET /h2c HTTP/1.1\r\nhost: {host}\r\n\r\n"),
     },
     Case {
         name: "an upgrade token the port does not list",
@@ -1240,7 +1286,7 @@ const FRAMING: &[Case] = &[
         body: b"",
         answer: (200, None),
         closes: false,
-        app: AppGot::Without(&["upgrade"]),
+        app: Some("GET /unknown-upgrade HTTP/1.1\r\nhost: {host}\r\n\r\n"),
     },
 ];
 
@@ -1317,7 +1363,7 @@ async fn the_framing_table_on_both_sidecars() {
     let (client_pod, server_pod) = (net.pod(0), net.pod(1));
     let certs = certs();
     let app = HttpApp::auto(server_pod.app(8080)).await;
-    let h1_app = HttpApp::auto(server_pod.app(8081)).await;
+    let wire = WireApp::start(server_pod.app(8081)).await;
     let (_server, _client) = payments_and_client(
         &certs,
         client_pod,
@@ -1329,8 +1375,9 @@ async fn the_framing_table_on_both_sidecars() {
         &[8080, 8081],
     )
     .await;
+    let host = format!("{SVC}:8081");
     // An h2 GET with DATA keeps its body, to an h2 app and to an HTTP/1.1 one.
-    for (port, app) in [(8080, &app), (8081, &h1_app)] {
+    for port in [8080, 8081] {
         let tcp = tcp_connect(client_pod.outbound()).await.unwrap();
         let (mut h2, conn) = h2::client::handshake(tcp).await.unwrap();
         tokio::spawn(conn);
@@ -1344,51 +1391,105 @@ async fn the_framing_table_on_both_sidecars() {
             .unwrap()
             .unwrap();
         assert_eq!(resp.status(), 200, "h2 GET with DATA to {port}");
-        let seen = app.seen();
-        assert_eq!(
-            &seen.last().expect("the app got it").body[..],
-            b"hello",
-            "h2 GET with DATA to {port}"
-        );
     }
+    let seen = app.seen();
+    assert_eq!(
+        &seen.last().expect("the h2 app got it").body[..],
+        b"hello",
+        "h2 GET with DATA to an h2 app"
+    );
+    let got = wire.got();
+    let what = "h2 GET with DATA to an HTTP/1.1 app";
+    assert_eq!(got.len(), 1, "{what}");
+    assert_eq!(
+        String::from_utf8_lossy(&sidecar_fields(&got[0], true, what)),
+        format!("GET /h2-get-body HTTP/1.1\r\nhost: {host}\r\n{CHUNKED_TAIL}"),
+        "{what}"
+    );
     let tls = TlsClient::with_identity(&certs, "frontend")
-        .sni(Some("8080"))
+        .sni(Some("8081"))
         .alpn(&["http/1.1"]);
     for case in FRAMING {
         for side in ["client sidecar", "server sidecar"] {
-            let before = app.seen().len();
+            let before = wire.got().len();
             if side == "client sidecar" {
                 let mut s = tcp_connect(client_pod.outbound()).await.unwrap();
-                run_case(&mut s, SVC, case, side).await;
+                run_case(&mut s, &host, case, side).await;
             } else {
                 let mut s = tls.connect(server_pod.inbound()).await.unwrap();
-                run_case(&mut s, &format!("{SVC}:8080"), case, side).await;
+                run_case(&mut s, &host, case, side).await;
             }
-            let seen = app.seen();
-            let new = &seen[before..];
+            let got = wire.got();
+            let new = &got[before..];
             let what = format!("{side}: {}", case.name);
             match case.app {
-                AppGot::Nothing => assert!(new.is_empty(), "{what}: the app got {new:?}"),
-                AppGot::Body(b) => {
-                    assert_eq!(new.len(), 1, "{what}");
-                    assert_eq!(&new[0].body[..], b, "{what}");
-                }
-                AppGot::With(field, value) => {
-                    assert_eq!(new.len(), 1, "{what}");
-                    assert_eq!(new[0].header_all(field), [value], "{what}");
-                }
-                AppGot::Without(fields) => {
-                    assert_eq!(new.len(), 1, "{what}");
-                    for f in fields {
-                        assert!(
-                            new[0].header_all(f).is_empty(),
-                            "{what}: {f} reached the app"
-                        );
-                    }
+                None => assert!(new.is_empty(), "{what}: the app got {new:?}"),
+                Some(expected) => {
+                    assert_eq!(new.len(), 1, "{what}: {new:?}");
+                    let rest = sidecar_fields(&new[0], side == "client sidecar", &what);
+                    assert_eq!(
+                        String::from_utf8_lossy(&rest),
+                        expected.replace("{host}", &host),
+                        "{what}"
+                    );
                 }
             }
         }
     }
+}
+
+/// Takes the fields the sidecars add out of a request the app read, checking each is there once
+/// and well formed: `x-request-id` (a UUID), `x-forwarded-client-cert` (this pod's identity, the
+/// caller's and a certificate hash) and, from the client sidecar only, `traceparent`.
+fn sidecar_fields(request: &[u8], via_client: bool, what: &str) -> Vec<u8> {
+    let head_end = request
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a whole head")
+        + 2;
+    let head = std::str::from_utf8(&request[..head_end]).expect("an ASCII head");
+    let mut out = Vec::new();
+    let (mut ids, mut certs, mut traces) = (0, 0, 0);
+    for line in head.split_inclusive("\r\n") {
+        let (name, value) = line.trim_end().split_once(": ").unwrap_or((line, ""));
+        match name {
+            "x-request-id" => {
+                ids += 1;
+                let groups: Vec<usize> = value.split('-').map(str::len).collect();
+                assert_eq!(groups, [8, 4, 4, 4, 12], "{what}: x-request-id {value}");
+            }
+            "x-forwarded-client-cert" => {
+                certs += 1;
+                let (by_hash, uri) = value.split_once(";URI=").expect("a URI");
+                let (by, hash) = by_hash.split_once(";Hash=").expect("a hash");
+                assert_eq!(
+                    by, "By=spiffe://aether.local/ns/default/sa/payments",
+                    "{what}"
+                );
+                assert_eq!(
+                    uri, "spiffe://aether.local/ns/default/sa/frontend",
+                    "{what}"
+                );
+                assert!(
+                    hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit()),
+                    "{what}: hash {hash}"
+                );
+            }
+            "traceparent" => {
+                traces += 1;
+                let parts: Vec<usize> = value.split('-').map(str::len).collect();
+                assert_eq!(parts, [2, 32, 16, 2], "{what}: traceparent {value}");
+            }
+            _ => out.extend_from_slice(line.as_bytes()),
+        }
+    }
+    assert_eq!(
+        (ids, certs, traces),
+        (1, 1, usize::from(via_client)),
+        "{what}: the added fields, once each"
+    );
+    out.extend_from_slice(&request[head_end..]);
+    out
 }
 
 /// An answer with a transfer coding other than chunked cannot be passed on (the hop-by-hop
@@ -1497,7 +1598,9 @@ struct H2Case {
     extra: &'static [u8],
     /// Ends with `:path /` (0x84) after `extra`, else `:path /` comes first.
     path_last: bool,
-    answered: bool,
+    /// The exact bytes an HTTP/1.1 app read, as in [`Case::app`]; None: the stream was reset
+    /// and the app read nothing.
+    app: Option<&'static str>,
 }
 
 const H2_FIELDS: &[H2Case] = &[
@@ -1505,43 +1608,43 @@ const H2_FIELDS: &[H2Case] = &[
         name: "a plain GET",
         extra: b"",
         path_last: false,
-        answered: true,
+        app: Some("GET / HTTP/1.1\r\nhost: {host}\r\n\r\n"),
     },
     H2Case {
         name: "te: trailers",
         extra: b"\x00\x02te\x08trailers",
         path_last: false,
-        answered: true,
+        app: Some("GET / HTTP/1.1\r\nte: trailers\r\nhost: {host}\r\n\r\n"),
     },
     H2Case {
         name: "a connection-specific field",
         extra: b"\x00\x0aconnection\x0akeep-alive",
         path_last: false,
-        answered: false,
+        app: None,
     },
     H2Case {
         name: "te other than trailers",
         extra: b"\x00\x02te\x04gzip",
         path_last: false,
-        answered: false,
+        app: None,
     },
     H2Case {
         name: "an upper-case field name",
         extra: b"\x00\x07X-Upper\x011",
         path_last: false,
-        answered: false,
+        app: None,
     },
     H2Case {
         name: "a pseudo-header after a field",
         extra: b"\x00\x03x-a\x011",
         path_last: true,
-        answered: false,
+        app: None,
     },
     H2Case {
         name: "an unknown pseudo-header",
         extra: b"\x00\x04:foo\x011",
         path_last: false,
-        answered: false,
+        app: None,
     },
 ];
 
@@ -1610,35 +1713,200 @@ async fn the_h2_field_rules_on_both_sidecars() {
     let net = Net::fresh();
     let (client_pod, server_pod) = (net.pod(0), net.pod(1));
     let certs = certs();
+    // The server sidecar takes HTTP/2 only on `auto` and `h2` ports, and passes it on as
+    // HTTP/2: its app records the fields in arrival order. Through the client sidecar the
+    // same rows reach an HTTP/1.1 app, which records the bytes.
     let app = HttpApp::auto(server_pod.app(8080)).await;
+    let wire = WireApp::start(server_pod.app(8081)).await;
     let (_server, _client) = payments_and_client(
         &certs,
         client_pod,
         server_pod,
-        &["{ port: 8080, protocol: auto }"],
-        &[8080],
+        &[
+            "{ port: 8080, protocol: auto }",
+            "{ port: 8081, protocol: http1 }",
+        ],
+        &[8080, 8081],
     )
     .await;
+    let host = format!("{SVC}:8081");
     let tls = TlsClient::with_identity(&certs, "frontend")
         .sni(Some("8080"))
         .alpn(&["h2"]);
     for case in H2_FIELDS {
-        for side in ["client sidecar", "server sidecar"] {
-            let before = app.seen().len();
-            let answered = if side == "client sidecar" {
-                let mut s = tcp_connect(client_pod.outbound()).await.unwrap();
-                h2_case(&mut s, SVC, case).await
-            } else {
-                let mut s = tls.connect(server_pod.inbound()).await.unwrap();
-                h2_case(&mut s, &format!("{SVC}:8080"), case).await
-            };
-            let what = format!("{side}: {}", case.name);
-            assert_eq!(answered, case.answered, "{what}");
-            assert_eq!(
-                app.seen().len() - before,
-                usize::from(case.answered),
-                "{what}: requests the app got"
-            );
+        let what = format!("client sidecar: {}", case.name);
+        let before = wire.got().len();
+        let mut s = tcp_connect(client_pod.outbound()).await.unwrap();
+        let answered = h2_case(&mut s, &host, case).await;
+        assert_eq!(answered, case.app.is_some(), "{what}: answered");
+        let got = wire.got();
+        let new = &got[before..];
+        match case.app {
+            None => assert!(new.is_empty(), "{what}: the app got {new:?}"),
+            Some(expected) => {
+                assert_eq!(new.len(), 1, "{what}: {new:?}");
+                let rest = sidecar_fields(&new[0], true, &what);
+                assert_eq!(
+                    String::from_utf8_lossy(&rest),
+                    expected.replace("{host}", &host),
+                    "{what}"
+                );
+            }
+        }
+
+        let what = format!("server sidecar: {}", case.name);
+        let before = app.seen().len();
+        let mut s = tls.connect(server_pod.inbound()).await.unwrap();
+        let authority = format!("{SVC}:8080");
+        let answered = h2_case(&mut s, &authority, case).await;
+        assert_eq!(answered, case.app.is_some(), "{what}: answered");
+        let seen = app.seen();
+        let new = &seen[before..];
+        match case.app {
+            None => assert!(new.is_empty(), "{what}: the app got {new:?}"),
+            Some(expected) => {
+                assert_eq!(new.len(), 1, "{what}: {new:?}");
+                let r = &new[0];
+                assert_eq!(
+                    (r.version.as_str(), r.authority.as_deref()),
+                    ("HTTP/2.0", Some(authority.as_str())),
+                    "{what}"
+                );
+                // The row's fields but `host` (`:authority` here), in order; the sidecar's own aside.
+                let fields: Vec<(String, String)> = r
+                    .headers
+                    .iter()
+                    .filter(|(k, _)| {
+                        !["x-request-id", "x-forwarded-client-cert"].contains(&k.as_str())
+                    })
+                    .cloned()
+                    .collect();
+                let head = expected.split("\r\n\r\n").next().unwrap();
+                let want: Vec<(String, String)> = head
+                    .split("\r\n")
+                    .skip(1)
+                    .filter(|l| !l.starts_with("host: "))
+                    .map(|l| {
+                        let (k, v) = l.split_once(": ").unwrap();
+                        (k.to_string(), v.to_string())
+                    })
+                    .collect();
+                assert_eq!(fields, want, "{what}: the fields the app got");
+                assert_eq!(r.header_all("x-request-id").len(), 1, "{what}");
+                assert_eq!(r.header_all("x-forwarded-client-cert").len(), 1, "{what}");
+            }
+        }
+    }
+}
+
+/// An HTTP/1.1 app that keeps the exact bytes of every request it reads, head and body as they
+/// came off the wire, and answers each with the status `x-app-status` asks for (200 without).
+struct WireApp {
+    got: Arc<Mutex<Vec<Vec<u8>>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl WireApp {
+    async fn start(addr: SocketAddr) -> WireApp {
+        let listener = TcpListener::bind(addr).await.unwrap();
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let task = {
+            let got = got.clone();
+            tokio::spawn(async move {
+                while let Ok((tcp, _)) = listener.accept().await {
+                    tokio::spawn(wire_app_conn(tcp, got.clone()));
+                }
+            })
+        };
+        WireApp { got, task }
+    }
+
+    fn got(&self) -> Vec<Vec<u8>> {
+        self.got.lock().unwrap().clone()
+    }
+}
+
+impl Drop for WireApp {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Reads until `buf[from..]` holds `end`, returning the index just past it.
+async fn read_past(
+    tcp: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    from: usize,
+    end: &[u8],
+) -> Option<usize> {
+    loop {
+        if let Some(i) = buf[from..].windows(end.len()).position(|w| w == end) {
+            return Some(from + i + end.len());
+        }
+        let mut chunk = [0u8; 4096];
+        match tcp.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+async fn wire_app_conn(mut tcp: TcpStream, got: Arc<Mutex<Vec<Vec<u8>>>>) {
+    let mut buf = Vec::new();
+    loop {
+        let Some(head_end) = read_past(&mut tcp, &mut buf, 0, b"\r\n\r\n").await else {
+            return;
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+        let field = |name: &str| {
+            head.lines().find_map(|l| {
+                l.strip_prefix(name)?
+                    .strip_prefix(':')
+                    .map(|v| v.trim().to_string())
+            })
+        };
+        let mut end = head_end;
+        if field("transfer-encoding").is_some_and(|v| v.ends_with("chunked")) {
+            loop {
+                let Some(line_end) = read_past(&mut tcp, &mut buf, end, b"\r\n").await else {
+                    return;
+                };
+                let line = String::from_utf8_lossy(&buf[end..line_end - 2]).to_string();
+                let size =
+                    usize::from_str_radix(line.split(';').next().unwrap().trim(), 16).unwrap();
+                end = line_end;
+                if size == 0 {
+                    let Some(e) = read_past(&mut tcp, &mut buf, end - 2, b"\r\n\r\n").await else {
+                        return;
+                    };
+                    end = e;
+                    break;
+                }
+                while buf.len() < end + size + 2 {
+                    let mut chunk = [0u8; 4096];
+                    match tcp.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                end += size + 2;
+            }
+        } else if let Some(len) = field("content-length").and_then(|v| v.parse::<usize>().ok()) {
+            while buf.len() < head_end + len {
+                let mut chunk = [0u8; 4096];
+                match tcp.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+            end = head_end + len;
+        }
+        got.lock().unwrap().push(buf[..end].to_vec());
+        buf.drain(..end);
+        let status = field("x-app-status").unwrap_or_else(|| "200".into());
+        let answer = format!("HTTP/1.1 {status} X\r\ncontent-length: 0\r\n\r\n");
+        if tcp.write_all(answer.as_bytes()).await.is_err() {
+            return;
         }
     }
 }

@@ -190,9 +190,11 @@ impl HttpChains {
             Ok((resp, stream)) => (resp, None, stream),
             Err(reason) => (reason.response(), Some(reason), None),
         };
-        if self.drain.phase() >= Phase::Closing || misframed.is_some() {
+        let broken = misframed.is_some() || reason == Some(Reason::BadRequest);
+        if self.drain.phase() >= Phase::Closing || broken {
             // HTTP/1.1 peers learn to reconnect elsewhere; hyper drops it on h2. After a
-            // misframed request the connection's next bytes cannot be trusted either.
+            // misframed request, or a body that broke on the client's side, the connection's
+            // next bytes cannot be trusted either.
             resp.headers_mut()
                 .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
         }

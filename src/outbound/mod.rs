@@ -377,9 +377,10 @@ impl Outbound {
         if wants_trailers {
             headers::declare_grpc_trailers(out.resp.headers_mut());
         }
-        // After a misframed request the connection's next bytes cannot be trusted to start a
-        // request: it closes.
-        if self.drain.phase() >= Phase::Closing || misframed.is_some() {
+        // After a misframed request, or a body that broke on the client's side, the connection's
+        // next bytes cannot be trusted to start a request: it closes.
+        let broken = misframed.is_some() || out.reason == Some(Reason::BadRequest);
+        if self.drain.phase() >= Phase::Closing || broken {
             out.resp
                 .headers_mut()
                 .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
