@@ -1,5 +1,5 @@
 //! Control-plane figures (SPEC section 9, "Performance"), measured with real processes on
-//! loopback and the test control plane of `tests/common/xds`:
+//! loopback and the test control plane of `tests/suite/common/xds`:
 //!
 //! * cold first request through xDS (on-demand Cluster + its assignment, then the request);
 //! * a 1,000-endpoint assignment pushed until `/clusters` shows it;
@@ -8,8 +8,9 @@
 //!
 //! `cargo bench --bench xds` prints them. Figures, not pass/fail: the tests check behaviour.
 
-#[path = "../tests/common/mod.rs"]
-#[allow(unused_imports)]
+// The test suite's harness, of which this bench uses a part: the rest is dead code here.
+#[path = "../tests/suite/common/mod.rs"]
+#[allow(dead_code, unused_imports)]
 mod common;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
