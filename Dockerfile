@@ -6,7 +6,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends cmake clang lib
 WORKDIR /src
 COPY . .
 # Profile-guided: an instrumented build runs `demo --load` on the build container's loopback,
-# then the release build uses that profile (README, "Profile-guided build"). The build's own
+# then the release build uses that profile (docs/development.md). The build's own
 # triple keeps the result apart from plain `cargo build` output.
 RUN .ci/pgo-build 20 && cp "target/$(rustc -vV | sed -n 's/^host: //p')/release/aether-proxy" /aether-proxy
 

@@ -15,7 +15,7 @@
 # AETHER_BIN picks the binary (default target/release/aether-proxy, built if missing).
 # PIN="<load> <client sidecar> <server sidecar> <apps>" pins each to a CPU list with taskset
 # (e.g. PIN="0 0 1 1": wrk, h2load or the tcp client with the client sidecar on CPU 0); which
-# processes share a core decides much of the rate on a 2-core machine (README, "What bounds g").
+# processes share a core decides much of the rate on a 2-core machine (README.md, "What bounds g").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-10}

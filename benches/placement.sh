@@ -2,7 +2,7 @@
 # Runs the side-by-side bench (../shared/bench/run.sh) with its four processes pinned, one CPU
 # list each: the app (nginx), the server proxy, the client proxy and the load tool (wrk, h2load,
 # or curl for scenario g). On a 2-core machine the scheduler puts those four two to a core, and
-# which two share decides much of the rate (README, Benchmarks: "What bounds g"); pinned, each
+# which two share decides much of the rate (benches/README.md, "What bounds g"); pinned, each
 # proxy can be measured in the same placement.
 #
 #   benches/placement.sh <app> <server> <client> <load> [run.sh mode]    e.g. 0 0 1 1 bench
