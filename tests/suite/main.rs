@@ -14,6 +14,7 @@ mod cli;
 mod demo;
 mod deploy;
 mod layout;
+mod reference;
 
 // Listeners and HTTP.
 mod abuse;
