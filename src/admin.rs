@@ -20,6 +20,9 @@ use crate::readiness::{ListenerCheck, ListenerStatus};
 /// Changes the log filter at run time (`POST /logging?level=...`).
 pub type SetLogFilter = Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
 
+/// Answers `/explain`'s query, or says what is wrong with it.
+pub type Explain = Box<dyn Fn(&str) -> Result<serde_json::Value, String> + Send + Sync>;
+
 /// A JSON view served at a path.
 pub type View = Box<dyn Fn() -> serde_json::Value + Send + Sync>;
 
@@ -31,6 +34,8 @@ pub struct Admin {
     pub set_log_filter: SetLogFilter,
     /// Extra JSON views (config dump, clusters), set once the proxy has its identity.
     pub views: std::sync::OnceLock<Vec<(&'static str, View)>>,
+    /// `GET /explain?authority=...`: where a request would go (`outbound::explain`).
+    pub explain: std::sync::OnceLock<Explain>,
     /// Sets the gauges that are computed when scraped (certificate expiry).
     pub before_scrape: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
@@ -188,6 +193,13 @@ impl Admin {
                     Err(e) => reply(StatusCode::BAD_REQUEST, "text/plain", format!("{e}\n")),
                 }
             }
+            (&Method::GET, "/explain") => match self.explain.get() {
+                Some(explain) => match explain(req.uri().query().unwrap_or("")) {
+                    Ok(v) => json(StatusCode::OK, v),
+                    Err(e) => reply(StatusCode::BAD_REQUEST, "text/plain", format!("{e}\n")),
+                },
+                None => reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "starting\n"),
+            },
             (&Method::GET, p) => match self
                 .views
                 .get()

@@ -49,6 +49,23 @@ enum Cmd {
         #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=3600))]
         load: Option<u64>,
     },
+    /// Ask a running sidecar where a request would go, without sending it.
+    Explain {
+        /// The sidecar's admin listener.
+        #[arg(long, default_value = "127.0.0.1:15000")]
+        admin: std::net::SocketAddr,
+        /// The request's authority, as an app sends it: `<service>.<mesh domain>[:<port>]`.
+        authority: String,
+        /// A request header the service's routes may match (`name: value`), repeatable.
+        #[arg(short = 'H', long = "header", value_name = "NAME: VALUE")]
+        headers: Vec<String>,
+        /// Explain a CONNECT (a tunnel to a tcp port) instead of an HTTP request.
+        #[arg(long)]
+        connect: bool,
+        /// Print the JSON the admin endpoint answers.
+        #[arg(long)]
+        json: bool,
+    },
     /// The pod's capture rules: print them as `iptables-restore` input, apply or remove them.
     Redirect {
         /// The proxy's uid; its own connections are never captured.
@@ -92,6 +109,13 @@ fn main() -> ExitCode {
             workloads,
         } => aether_proxy::identity::certgen::main(&out, &trust_domain, &workloads),
         Cmd::Demo { load } => aether_proxy::demo::main(load),
+        Cmd::Explain {
+            admin,
+            authority,
+            headers,
+            connect,
+            json,
+        } => aether_proxy::outbound::explain::cli(admin, &authority, &headers, connect, json),
         Cmd::Redirect {
             proxy_uid,
             outbound_port,

@@ -240,6 +240,7 @@ async fn start(
         listeners: ListenerCheck::new(cfg.readiness.required_listeners.clone()),
         set_log_filter,
         views: Default::default(),
+        explain: Default::default(),
         before_scrape: Default::default(),
     });
     let admin_listener = bind("admin", cfg.admin.listen)
@@ -329,6 +330,13 @@ async fn start(
         &identity,
         xds.as_ref().map(|x| x.status.clone()),
     ));
+    let _ = admin.explain.set({
+        let outbound = outbound.clone();
+        Box::new(move |query: &str| {
+            let q = crate::outbound::explain::Question::from_query(query)?;
+            Ok(crate::outbound::explain::explain(&outbound, &q))
+        })
+    });
     let _ = admin.before_scrape.set({
         let identity = identity.clone();
         Box::new(move || {

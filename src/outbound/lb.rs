@@ -30,7 +30,7 @@ const LEVELS: usize = 8;
 
 /// The level of an endpoint: the control plane's priority when the cluster has them, else the
 /// locality ordering.
-fn level(cluster: &Cluster, own: Option<&Locality>, e: &EndpointState) -> usize {
+pub fn level(cluster: &Cluster, own: Option<&Locality>, e: &EndpointState) -> usize {
     if cluster.by_priority {
         (e.priority.unwrap_or(0) as usize).min(LEVELS - 1)
     } else {

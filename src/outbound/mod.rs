@@ -10,6 +10,7 @@
 pub mod capture;
 pub mod cluster;
 pub mod connect;
+pub mod explain;
 pub mod forward;
 pub mod h2_client;
 pub mod lb;

@@ -3,7 +3,7 @@
 
 use http::HeaderMap;
 
-use crate::catalog::{Catalog, Labels, PortProtocol, RouteTarget, Service};
+use crate::catalog::{Catalog, Labels, PortProtocol, Route, RouteTarget, Service};
 use crate::http::answer::Reason;
 
 /// A mesh authority: `<service>.<mesh_domain>[:<port>]`, host lower-cased.
@@ -150,6 +150,27 @@ pub fn cluster_name(service: &str, mesh_domain: &str, port: u16, default_port: u
     }
 }
 
+/// The first of the service's `routes` that takes a request with these headers, and its
+/// index: its header matches (or it has no match) and, for a split, its weights add up to more
+/// than zero. `None`: every endpoint of the port.
+pub fn route_for<'s>(service: &'s Service, headers: &HeaderMap) -> Option<(usize, &'s Route)> {
+    service.routes.iter().enumerate().find(|(_, route)| {
+        if let Some(m) = &route.matches {
+            let hit = headers
+                .get_all(&m.header)
+                .iter()
+                .any(|v| v.as_bytes() == m.value.as_bytes());
+            if !hit {
+                return false;
+            }
+        }
+        match &route.target {
+            RouteTarget::Subset(_) => true,
+            RouteTarget::Split(split) => split.iter().any(|w| w.weight > 0),
+        }
+    })
+}
+
 /// The subset a request is routed to by the service's `routes` (first match wins); `None`
 /// means every endpoint of the port. `roll` is a uniform random number for weighted splits.
 pub fn choose_subset<'s>(
@@ -157,32 +178,18 @@ pub fn choose_subset<'s>(
     headers: &HeaderMap,
     roll: u32,
 ) -> Option<&'s Labels> {
-    for route in &service.routes {
-        if let Some(m) = &route.matches {
-            let hit = headers
-                .get_all(&m.header)
-                .iter()
-                .any(|v| v.as_bytes() == m.value.as_bytes());
-            if !hit {
-                continue;
-            }
+    let split = match &route_for(service, headers)?.1.target {
+        RouteTarget::Subset(subset) => return Some(subset),
+        RouteTarget::Split(split) => split,
+    };
+    // Validation keeps the sum within u32; summing in u64 keeps this total regardless.
+    let total: u64 = split.iter().map(|w| u64::from(w.weight)).sum();
+    let mut pick = u64::from(roll) % total;
+    for w in split {
+        if pick < u64::from(w.weight) {
+            return Some(&w.subset);
         }
-        let split = match &route.target {
-            RouteTarget::Subset(subset) => return Some(subset),
-            RouteTarget::Split(split) => split,
-        };
-        // Validation keeps the sum within u32; summing in u64 keeps this total regardless.
-        let total: u64 = split.iter().map(|w| u64::from(w.weight)).sum();
-        if total == 0 {
-            continue;
-        }
-        let mut pick = u64::from(roll) % total;
-        for w in split {
-            if pick < u64::from(w.weight) {
-                return Some(&w.subset);
-            }
-            pick -= u64::from(w.weight);
-        }
+        pick -= u64::from(w.weight);
     }
     None
 }

@@ -13,6 +13,7 @@ mod certs;
 mod cli;
 mod demo;
 mod deploy;
+mod explain;
 mod layout;
 mod reference;
 
