@@ -294,3 +294,61 @@ async fn explain_predicts_every_row_of_the_authority_table() {
         "{bad:?}"
     );
 }
+
+/// Fed by a control plane: explain names the discovery state, predicts what a request gets in
+/// each, and asks the control plane nothing itself.
+async fn explain_follows_discovery(server: crate::common::xds::Server) {
+    use crate::common::xds::{
+        cp_addr, xds_client, ControlPlane, Endpoint, Fixture, Listen, Service,
+    };
+    let net = Net::fresh();
+    let (client_pod, p1) = (net.pod(0), net.pod(1));
+    let certs = certs();
+    let _app = HttpApp::auto(p1.app(8080)).await;
+    let _s1 = server_proxy(&certs, p1, "payments", &["{ port: 8080, protocol: auto }"]).await;
+    let svc =
+        || Service::new(&certs.spiffe_id(PAYMENTS)).endpoint(Endpoint::new(p1.proxy_ip(), &[8080]));
+    let fx = Fixture::new()
+        .service("payments", svc())
+        .service("slow", svc());
+    let cp = ControlPlane::start(server, Listen::Tcp(cp_addr(&net)), fx).await;
+    cp.hold("slow.aether.internal");
+    let client = xds_client(
+        &certs,
+        client_pod,
+        &cp.address(),
+        &["cluster_timeout: 1s"],
+        "",
+    )
+    .await;
+    let (admin, out) = (client.admin_addr(), client_pod.outbound());
+
+    let v = explain(admin, &[SVC]);
+    assert_eq!(v["discovery"], "to be discovered", "{v}");
+    assert_eq!(v["cluster"], SVC, "{v}");
+    assert_eq!(v["if_absent"]["reason"], "unknown-service", "{v}");
+    assert_eq!(v["if_no_answer"]["reason"], "discovery-timeout", "{v}");
+    assert_eq!(cp.subscribes(SVC), 0, "explain subscribed to {SVC}");
+
+    let r = get_h1(out, SVC, "/discover").await;
+    assert_app_ok(&r, 8080, "payments, discovered");
+    let v = explain(admin, &[SVC]);
+    assert_eq!(
+        (v["discovery"].as_str(), predicted(&v)),
+        (Some("known"), (200, None)),
+        "{v}"
+    );
+
+    let r = get_h1(out, "ghost.aether.internal", "/absent").await;
+    assert_proxy_error(&r, 503, "unknown-service", "ghost");
+    let v = explain(admin, &["ghost.aether.internal"]);
+    assert_eq!(v["discovery"], "remembered as absent", "{v}");
+    assert_eq!(predicted(&v), (503, Some("unknown-service".into())), "{v}");
+
+    let v = explain(admin, &["slow.aether.internal"]);
+    assert_eq!(v["discovery"], "to be discovered", "{v}");
+    let r = get_h1(out, "slow.aether.internal", "/held").await;
+    assert_proxy_error(&r, 503, "discovery-timeout", "slow, held");
+}
+
+crate::on_both_control_planes!(explain_follows_discovery,);
