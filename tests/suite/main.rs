@@ -15,6 +15,7 @@ mod demo;
 mod deploy;
 mod explain;
 mod layout;
+mod ops;
 mod reference;
 
 // Listeners and HTTP.
