@@ -1,7 +1,7 @@
 //! One HTTP/1.1 request on a new plaintext connection (scenario e's client side, without the
 //! proxying): a loopback client connects, sends an 88-byte head with `Connection: close` and
 //! reads the answer; the server side accepts and serves it with hyper's HTTP/1.1 codec behind
-//! the proxy's `Timed` wrapper, once after the proxy's own sniff (`sniff_codec`, which keeps
+//! the proxy's `Guarded` wrapper, once after the proxy's own sniff (`sniff_codec`, which keeps
 //! the first read for the codec) and once behind hyper-util's auto codec (which hands hyper
 //! the 24 bytes it sniffed on their own). Real sockets: the difference is a `recv` and a copy
 //! of hyper's read buffer per connection.
@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aether_proxy::drain::Drain;
-use aether_proxy::http::server::{sniff_codec, Codec, ConnRequests, Servers, Timed, Wire};
+use aether_proxy::http::server::{sniff_codec, Codec, ConnRequests, Guarded, Servers, Wire};
 use criterion::{criterion_group, criterion_main, Criterion};
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
@@ -36,20 +36,20 @@ enum Way {
 
 async fn serve(tcp: TcpStream, way: Way, servers: &Servers, drain: &Drain) {
     let requests = Arc::new(ConnRequests::default());
-    let mut timed = Timed::new(tcp, requests, "outbound", Wire::Sniff);
+    let mut conn = Guarded::new(tcp, requests, "outbound", Wire::Sniff);
     match way {
         Way::Sniffed => {
-            if let Some(Codec::H1) = sniff_codec(&mut timed, drain).await {
+            if let Some(Codec::H1) = sniff_codec(&mut conn, drain).await {
                 let conn = servers
                     .h1
-                    .serve_connection(TokioIo::new(timed), service_fn(answer))
+                    .serve_connection(TokioIo::new(conn), service_fn(answer))
                     .with_upgrades();
                 let _ = conn.await;
             }
         }
         Way::AutoCodec => {
             let auto = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            let conn = auto.serve_connection_with_upgrades(TokioIo::new(timed), service_fn(answer));
+            let conn = auto.serve_connection_with_upgrades(TokioIo::new(conn), service_fn(answer));
             let _ = conn.await;
         }
     }

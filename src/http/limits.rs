@@ -27,12 +27,12 @@ pub const H2_MAX_LOCAL_ERROR_RESETS: usize = 1024;
 pub const H2_MAX_HEADER_LIST: u32 = 64 << 10;
 /// SPEC section 8: an HTTP/1 request head larger than this is answered 431
 /// `headers-too-large` and the connection closed, before the codec has buffered more
-/// (`server::Timed` counts the head's bytes as they arrive).
+/// (`server::Guarded` counts the head's bytes as they arrive).
 pub const H1_MAX_HEAD: usize = 96 << 10;
 /// hyper's own HTTP/1 buffer limit, a backstop just above `H1_MAX_HEAD` (past it hyper answers
 /// a bare 431); also the limit for response heads from upstreams and apps. HTTP/1 trailers have
 /// hyper's own, smaller limits (16 KiB, 100 fields). hyper's field limit is left at its default,
-/// 100, which is SPEC's (`server::Timed` answers the field too many before hyper sees it).
+/// 100, which is SPEC's (`server::Guarded` answers the field too many before hyper sees it).
 pub const HYPER_MAX_BUF: usize = 112 << 10;
 
 /// How long a request body expecting `100 Continue` waits for the next hop's 100 before it is

@@ -23,7 +23,7 @@ use crate::http::answer::{Body, Reason};
 use crate::http::body::{Activity, BoxedRequest, ReqBody, RespBody, UpBody};
 use crate::http::headers;
 use crate::http::server::{
-    serve_until_drained, sniff_codec, Codec, ConnRequests, RequestOpen, Servers, Timed, Wire,
+    serve_until_drained, sniff_codec, Codec, ConnRequests, Guarded, RequestOpen, Servers, Wire,
 };
 use crate::identity::SpiffeId;
 use crate::metrics::Direction;
@@ -86,16 +86,16 @@ impl HttpChains {
             HttpCodec::H1 => Wire::H1,
             HttpCodec::Sniff => Wire::Sniff,
         };
-        let mut timed = Timed::new(tls, requests.clone(), "inbound", wire);
+        let mut guarded = Guarded::new(tls, requests.clone(), "inbound", wire);
         let codec = match codec {
             HttpCodec::H1 => Codec::H1,
             HttpCodec::H2 => Codec::H2,
-            HttpCodec::Sniff => match sniff_codec(&mut timed, &drain).await {
+            HttpCodec::Sniff => match sniff_codec(&mut guarded, &drain).await {
                 Some(codec) => codec,
                 None => return,
             },
         };
-        let io = TokioIo::new(timed);
+        let io = TokioIo::new(guarded);
         let s = &self.servers;
         let result = match codec {
             Codec::H2 => {

@@ -98,7 +98,7 @@ pub async fn tunnel_to(
     log.finish(&spliced);
 }
 
-/// The first bytes of a captured connection to a service's HTTP port (`Timed::first_bytes`):
+/// The first bytes of a captured connection to a service's HTTP port (`Guarded::first_bytes`):
 /// true when they look like HTTP/1 or the h2 preface; otherwise the connection is closed,
 /// counted here.
 pub fn first_bytes_http(first: &[u8]) -> bool {

@@ -40,7 +40,7 @@ use crate::http::body::{Activity, BoxedRequest, ReqBody, RespBody, UpBody};
 use crate::http::fin::FinTcp;
 use crate::http::headers;
 use crate::http::server::{
-    serve_until_drained, sniff_codec, Codec, ConnRequests, RequestOpen, Servers, Timed, Wire,
+    serve_until_drained, sniff_codec, Codec, ConnRequests, Guarded, RequestOpen, Servers, Wire,
 };
 use crate::identity::IdentityStore;
 use crate::identity::SpiffeId;
@@ -271,14 +271,14 @@ impl Outbound {
             }
         };
         let tcp = FinTcp::new(tcp, requests.fin());
-        let mut timed = Timed::new(tcp, requests.clone(), "outbound", Wire::Sniff);
+        let mut guarded = Guarded::new(tcp, requests.clone(), "outbound", Wire::Sniff);
         if captured_port != 0 {
-            timed = timed.first_bytes(capture::first_bytes_http);
+            guarded = guarded.first_bytes(capture::first_bytes_http);
         }
-        let Some(codec) = sniff_codec(&mut timed, &drain).await else {
+        let Some(codec) = sniff_codec(&mut guarded, &drain).await else {
             return;
         };
-        let io = TokioIo::new(timed);
+        let io = TokioIo::new(guarded);
         let s = &self.servers;
         let r = match codec {
             Codec::H1 => {
