@@ -292,7 +292,8 @@ async fn start(
         None => IdentityStore::load(cfg.identity_spec())?,
         Some(addr) => {
             tracing::info!(sds = %addr, "waiting for the workload identity");
-            let node = crate::xds::ads::sds_node(&cfg);
+            let xds = cfg.discovery.as_ref().map(|d| &d.xds);
+            let node = crate::xds::node::build(&cfg, xds, None);
             crate::xds::sds::spawn(addr.clone(), cfg.identity_spec(), node)
                 .await
                 .map_err(|_| StartError::NoIdentity)?
@@ -322,7 +323,7 @@ async fn start(
     let xds = cfg
         .discovery
         .as_ref()
-        .map(|d| crate::xds::ads::Ads::new(&cfg, &d.xds, catalog.clone(), identity.clone()));
+        .map(|d| crate::xds::session::Ads::new(&cfg, &d.xds, catalog.clone(), identity.clone()));
     let _ = admin.views.set(admin_views(
         &cfg,
         &catalog,
@@ -490,7 +491,7 @@ fn admin_views(
     catalog: &Arc<CatalogStore>,
     clusters: &Arc<Clusters>,
     identity: &Arc<IdentityStore>,
-    xds: Option<Arc<std::sync::Mutex<crate::xds::ads::Status>>>,
+    xds: Option<Arc<std::sync::Mutex<crate::xds::session::Status>>>,
 ) -> Vec<(&'static str, crate::admin::View)> {
     let c = clusters.clone();
     let clusters_view: crate::admin::View = Box::new(move || c.to_json());
