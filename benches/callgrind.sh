@@ -56,7 +56,7 @@ case "$proxy" in
     [ -x "$bin" ] || { echo "no binary at $bin (cargo build --release, or set AETHER_BIN)" >&2; exit 1; }
     # `run` starts itself again to set glibc's tcache tunable (docs/behaviour.md, "The allocator's thread
     # cache"), which valgrind cannot follow: the tunable is set here, as that step sets it
-    # (`memory::TCACHE_COUNT`; keep the two equal).
+    # (`TCACHE_COUNT` in src/memory/policy.rs; keep the two equal).
     wrapper aether-proxy "$bin" "AETHER_MALLOC_TUNED=1 GLIBC_TUNABLES=glibc.malloc.tcache_count=1024"
     export AETHER_BIN=$wrap/aether-proxy
     # The client's outbound requests and the server's inbound ones.

@@ -196,7 +196,7 @@ async fn wait_endpoints(p: &Proxy, want: usize, limit: Duration) {
 /// 1,000 services with 10 endpoints each on ports 8080 and 9090; one request to each port of
 /// each subscribes both clusters. The endpoints are not there (the requests fail fast); what is
 /// measured is the proxy's memory holding the subscriptions, once settled (the allocator's
-/// free pages are handed back a second after the catalog last changed: `src/memory.rs`).
+/// free pages are handed back a second after the catalog last changed: `memory::trim_soon`).
 async fn rss_of_subscriptions(certs: &Certs, id: &str) {
     let net = Net::fresh();
     let pod = net.pod(0);

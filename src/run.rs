@@ -382,7 +382,13 @@ async fn start(
             tracker.clone(),
         )));
     }
-    crate::memory::trim_after_changes(&catalog);
+    // A catalog change frees the previous services and clusters: hand the free pages back.
+    let mut changed = catalog.subscribe();
+    tokio::spawn(async move {
+        while changed.changed().await.is_ok() {
+            crate::memory::trim_soon();
+        }
+    });
     match (xds, &cfg.catalog) {
         (Some(xds), _) => xds.spawn(),
         (None, Some(c)) => {
