@@ -23,24 +23,24 @@ impl UpBody {
     }
 
     /// A body that puts its pooled connection back when it ends (`outbound::pool`).
-    pub fn h1_pooled(body: Incoming, back: Option<GiveBack>) -> UpBody {
+    pub fn h1_pooled(body: Incoming, back: Option<ReturnToPool>) -> UpBody {
         UpBody::H1(H1Body { body, back })
     }
 }
 
 /// Puts a pooled HTTP/1.1 connection back once the response it carried has been read whole.
-pub type GiveBack = Box<dyn FnOnce() + Send + Sync>;
+pub type ReturnToPool = Box<dyn FnOnce() + Send + Sync>;
 
 /// A response body from an HTTP/1.1 connection. When it comes from a pooled one, it returns
 /// the connection as its last byte is taken: the connection is free before the response is
 /// written downstream, so the client's next request finds it in the pool.
 pub struct H1Body {
     body: Incoming,
-    back: Option<GiveBack>,
+    back: Option<ReturnToPool>,
 }
 
 impl H1Body {
-    fn give_back(&mut self) {
+    fn return_to_pool(&mut self) {
         if let Some(back) = self.back.take() {
             back();
         }
@@ -52,7 +52,7 @@ impl Drop for H1Body {
     /// length; HEAD and 204 answers have none).
     fn drop(&mut self) {
         if self.back.is_some() && self.body.is_end_stream() {
-            self.give_back();
+            self.return_to_pool();
         }
     }
 }
@@ -68,8 +68,8 @@ impl Body for H1Body {
         let this = &mut *self;
         let polled = std::task::ready!(Pin::new(&mut this.body).poll_frame(cx));
         match &polled {
-            Some(Ok(_)) if this.body.is_end_stream() => this.give_back(),
-            None => this.give_back(),
+            Some(Ok(_)) if this.body.is_end_stream() => this.return_to_pool(),
+            None => this.return_to_pool(),
             // A broken body's connection is not reused.
             Some(Err(_)) => this.back = None,
             Some(Ok(_)) => {}

@@ -8,7 +8,7 @@ use http::{Response, Version};
 
 use super::cluster::{ActiveGuard, Cluster};
 use super::connect::{ConnectError, PoolKey, Upstream};
-use super::pool::{Conn, SendError, StreamGuard, Turn};
+use super::pool::{Conn, SendError, StreamGuard, Waited};
 use super::retry::{self, Resend, Tries, MAX_RETRIES};
 use super::route::choose_subset;
 use crate::config::Locality;
@@ -187,8 +187,8 @@ enum Dial {
 }
 
 /// A connection for `key` when the pool had none: after its turn to dial (one dial per key in
-/// flight; for a key whose connections are not shared, `pool::PARALLEL_DIALS`), from the pool
-/// if one came back meanwhile, else a new one.
+/// flight) or, for a key whose connections are not shared, a place (one of
+/// `pool::PARALLEL_DIALS`), from the pool if one came back meanwhile, else a new one.
 async fn dial(
     up: &Upstream,
     key: &PoolKey,
@@ -197,10 +197,10 @@ async fn dial(
 ) -> Result<Conn, Dial> {
     // Boxed, here and below: dialling is the rare path, and its machinery would otherwise be
     // part of (and copied with) every request's future.
-    let mut right = match Box::pin(up.pool.dial_turn(key, max_uses)).await {
-        Turn::Dial(right) => right,
-        Turn::Pooled(c) => return Ok(c),
-        Turn::WaitedForAFailure => return Err(Dial::WaitedForAFailure),
+    let mut right = match Box::pin(up.pool.wait_to_dial(key, max_uses)).await {
+        Waited::Dial(right) => right,
+        Waited::Pooled(c) => return Ok(c),
+        Waited::DialFailed => return Err(Dial::WaitedForAFailure),
     };
     match Box::pin(up.connect_http(key, cluster)).await {
         Ok(c) => {

@@ -18,7 +18,7 @@ use super::h2_client::H2SendError;
 pub use super::h2_client::{handshake as handshake_h2, H2};
 use crate::http::body::{BoxedRequest, ReqBody, UpBody};
 use crate::http::limits::{HYPER_MAX_BUF, UPSTREAM_IDLE_TIMEOUT as IDLE_TIMEOUT};
-use crate::http::upstream_body::GiveBack;
+use crate::http::upstream_body::ReturnToPool;
 
 pub type H1 = http1::SendRequest<ReqBody>;
 
@@ -91,9 +91,9 @@ struct Parallel {
 }
 
 /// One of a key's parallel dials; dropping it frees the place for a waiting request.
-pub struct DialSlot(Arc<Parallel>);
+pub struct DialPlace(Arc<Parallel>);
 
-impl DialSlot {
+impl DialPlace {
     /// The dial failed: requests waiting for this key stop waiting and move on.
     fn failed(&self) {
         *self.0.failed_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
@@ -101,34 +101,40 @@ impl DialSlot {
     }
 }
 
-impl Drop for DialSlot {
+impl Drop for DialPlace {
     fn drop(&mut self) {
         self.0.dialing.fetch_sub(1, Ordering::AcqRel);
         self.0.freed.notify_one();
     }
 }
 
-/// What `Pool::dial_turn` waits on: the key's one dial at a time, or one of its parallel places.
+// A request that finds no pooled connection waits before it dials, in one of two ways, each
+// with its own word: a key whose connections may be shared is dialled in *turn* (one dial at
+// a time, `DialTurn`), a key whose connections are not shared in one of `PARALLEL_DIALS`
+// *places* (`DialPlace`). What the wait ends with is `Waited`.
+
+/// What `Pool::wait_to_dial` waits on: the key's turn, or one of its parallel places.
 enum Wait {
     Turn(Arc<tokio::sync::Mutex<LastDial>>),
     Place(Arc<Parallel>),
 }
 
-/// What a request that found no pooled connection may do (`Pool::dial_turn`).
-pub enum Turn {
+/// What a request that found no pooled connection ends its wait with (`Pool::wait_to_dial`).
+pub enum Waited {
     /// Dial, holding the right to.
     Dial(DialRight),
     /// A connection came back to the pool while the request waited.
     Pooled(Conn),
     /// The dial this request waited for failed; not dialled again.
-    WaitedForAFailure,
+    DialFailed,
 }
 
+/// The right to dial a key: its turn, or one of its places.
 pub enum DialRight {
     /// The key's turn (its connections may be shared).
     Turn(DialTurn),
     /// One of the parallel dials of a key whose connections are not shared.
-    Slot(DialSlot),
+    Place(DialPlace),
 }
 
 impl DialRight {
@@ -136,7 +142,7 @@ impl DialRight {
     pub fn failed(&mut self) {
         match self {
             DialRight::Turn(t) => t.failed(),
-            DialRight::Slot(s) => s.failed(),
+            DialRight::Place(p) => p.failed(),
         }
     }
 }
@@ -224,11 +230,11 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
     /// Waits for the right to dial `key`: its turn when its connections may be shared, else
     /// one of `PARALLEL_DIALS` places; a connection pooled meanwhile (`max_uses` as in `get`)
     /// is taken instead.
-    pub async fn dial_turn(&self, key: &K, max_uses: u32) -> Turn {
+    pub async fn wait_to_dial(&self, key: &K, max_uses: u32) -> Waited {
         let since = Instant::now();
         match self.wait_for(key) {
-            Wait::Turn(dialer) => self.shared_turn(key, max_uses, dialer, since).await,
-            Wait::Place(parallel) => self.parallel_place(key, max_uses, parallel, since).await,
+            Wait::Turn(dialer) => self.wait_for_turn(key, max_uses, dialer, since).await,
+            Wait::Place(parallel) => self.wait_for_place(key, max_uses, parallel, since).await,
         }
     }
 
@@ -245,32 +251,32 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
 
     /// The key's one dial at a time: after the turn, the dial before it may have left a
     /// shareable connection, or failed.
-    async fn shared_turn(
+    async fn wait_for_turn(
         &self,
         key: &K,
         max_uses: u32,
         dialer: Arc<tokio::sync::Mutex<LastDial>>,
         since: Instant,
-    ) -> Turn {
+    ) -> Waited {
         let turn = DialTurn {
             last: dialer.lock_owned().await,
             since,
         };
         match self.get(key, max_uses) {
-            Some(c) => Turn::Pooled(c),
-            None if turn.waited_for_a_failure() => Turn::WaitedForAFailure,
-            None => Turn::Dial(DialRight::Turn(turn)),
+            Some(c) => Waited::Pooled(c),
+            None if turn.waited_for_a_failure() => Waited::DialFailed,
+            None => Waited::Dial(DialRight::Turn(turn)),
         }
     }
 
     /// One of `PARALLEL_DIALS` places, or a connection handed back while waiting for one.
-    async fn parallel_place(
+    async fn wait_for_place(
         &self,
         key: &K,
         max_uses: u32,
         parallel: Arc<Parallel>,
         since: Instant,
-    ) -> Turn {
+    ) -> Waited {
         loop {
             // Armed before looking, so a hand-back between the look and the wait is not lost.
             let freed = parallel.freed.notified();
@@ -278,10 +284,10 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
             freed.as_mut().enable();
             let failed_at = *parallel.failed_at.lock().unwrap_or_else(|e| e.into_inner());
             if failed_at.is_some_and(|t| t >= since) {
-                return Turn::WaitedForAFailure;
+                return Waited::DialFailed;
             }
             if let Some(c) = self.get(key, max_uses) {
-                return Turn::Pooled(c);
+                return Waited::Pooled(c);
             }
             let free_place =
                 parallel
@@ -290,7 +296,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
                         (n < PARALLEL_DIALS).then_some(n + 1)
                     });
             if free_place.is_ok() {
-                return Turn::Dial(DialRight::Slot(DialSlot(parallel.clone())));
+                return Waited::Dial(DialRight::Place(DialPlace(parallel.clone())));
             }
             freed.await;
         }
@@ -322,13 +328,13 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
     /// What returns an HTTP/1.1 connection to the pool once its current exchange is
     /// complete: nothing when it is back already (a response read whole with its head, the
     /// common small one) or retired, else a hand-back for the end of the response body.
-    fn give_back_h1(
+    fn return_h1(
         self: &Arc<Self>,
         key: &K,
         h1: H1,
         uses: u32,
         max_uses: u32,
-    ) -> Option<GiveBack> {
+    ) -> Option<ReturnToPool> {
         if max_uses != 0 && uses >= max_uses {
             return None;
         }
@@ -371,7 +377,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         let slot = map.entry(key).or_default();
         slot.h1.push((h1, Instant::now(), uses));
-        // Requests may be waiting for a connection (`dial_turn`); without them, one load.
+        // Requests may be waiting for a connection (`wait_to_dial`); without them, one load.
         if Arc::strong_count(&slot.parallel) > 1 {
             slot.parallel.freed.notify_one();
         }
@@ -462,7 +468,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
         match conn {
             Conn::H1(mut s, uses) => {
                 let resp = s.try_send_request(*req).await.map_err(unsent)?;
-                let back = self.give_back_h1(key, s, uses + 1, max_uses);
+                let back = self.return_h1(key, s, uses + 1, max_uses);
                 Ok((resp.map(|b| UpBody::h1_pooled(b, back)), None))
             }
             Conn::H2(mut s, guard) => match s.send(req).await {

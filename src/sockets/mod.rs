@@ -93,34 +93,35 @@ impl<S: AsyncWrite + Unpin> Tls<ReadAhead<S>> {
     }
 }
 
-/// A stream a splice copies through. One that grew memory for a bulk burst gives it back when
-/// the splice has been quiet for [`QUIET`]; the others hold nothing to give.
-pub trait GiveBack {
+/// A stream a splice copies through, as to the buffers it may grow for a bulk burst: it gives
+/// them back when the splice has been quiet for [`QUIET`]; streams that grow none hold nothing
+/// to give.
+pub trait BulkBuffers {
     /// Frees what was grown for bulk and is empty now; returns whether there was any.
     fn give_back(&mut self) -> bool {
         false
     }
 }
 
-impl<S: AsyncWrite + Unpin> GiveBack for Tls<ReadAhead<S>> {
+impl<S: AsyncWrite + Unpin> BulkBuffers for Tls<ReadAhead<S>> {
     fn give_back(&mut self) -> bool {
         self.inner.get_mut().give_back_batch()
     }
 }
 
-impl GiveBack for TcpStream {}
+impl BulkBuffers for TcpStream {}
 
 /// hyper's upgraded connection: whatever it holds is hyper's.
-impl<T> GiveBack for hyper_util::rt::TokioIo<T> {}
+impl<T> BulkBuffers for hyper_util::rt::TokioIo<T> {}
 
-impl<S: GiveBack + ?Sized> GiveBack for Touch<'_, S> {
+impl<S: BulkBuffers + ?Sized> BulkBuffers for Touch<'_, S> {
     fn give_back(&mut self) -> bool {
         self.inner.give_back()
     }
 }
 
 #[cfg(test)]
-impl GiveBack for tokio::io::DuplexStream {}
+impl BulkBuffers for tokio::io::DuplexStream {}
 
 impl<S> std::ops::Deref for Tls<S> {
     type Target = tokio_boring::SslStream<S>;
@@ -285,7 +286,7 @@ impl Spliced {
 
 /// How long a splice stays without a byte either way before it frees its copy buffers (the
 /// next byte takes a small one again) and gives back what a bulk burst grew in its streams
-/// ([`GiveBack`]). A quiet tunnel then holds no copy buffer (two records' worth, 32 KiB, were
+/// ([`BulkBuffers`]). A quiet tunnel then holds no copy buffer (two records' worth, 32 KiB, were
 /// kept before) and none of the ~530 KiB a bulk burst grows on a sealing side, which a pool of
 /// tunnels would otherwise hold for good after one large answer each. Bulk that pauses for
 /// less keeps its buffers, so a stream does not reallocate (and zero) 256 KiB for every burst;
@@ -304,8 +305,8 @@ pub async fn splice<A, B>(
     drain: &Drain,
 ) -> Spliced
 where
-    A: AsyncRead + AsyncWrite + GiveBack + Unpin + ?Sized,
-    B: AsyncRead + AsyncWrite + GiveBack + Unpin + ?Sized,
+    A: AsyncRead + AsyncWrite + BulkBuffers + Unpin + ?Sized,
+    B: AsyncRead + AsyncWrite + BulkBuffers + Unpin + ?Sized,
 {
     let activity = Activity::new();
     let mut a = Touch {
