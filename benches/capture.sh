@@ -237,9 +237,9 @@ for round in $(seq "$rounds"); do
     # pair cannot keep up with piles requests up until the client sidecar's request breaker
     # answers 503 `overflow` (h2load counts them failed), and the CPU per request then measures
     # the overload, not the path. h2load opening connections at a rate costs the machine more
-    # than wrk's closed loop, so 80% of that loop can be too much (on one machine a fifth of the
-    # requests of a new connection per request were refused): the rate steps down by a fifth
-    # until a run of it is answered in full.
+    # than wrk's closed loop, so 80% of that loop can be too much (requests of a new connection
+    # per request were refused on one machine): the rate steps down by a fifth until a run of
+    # it is answered in full.
     h2load_at "http://127.0.0.1:15001/" "$kind" "$rate" 2
     for _ in 1 2 3 4; do
       h2load_at "http://127.0.0.1:15001/" "$kind" "$rate" "$secs"

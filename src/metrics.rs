@@ -483,7 +483,7 @@ pub fn get() -> &'static Metrics {
 
 /// Counts one request in `aether_requests_total`. Each thread keeps the counters of the label
 /// sets it used last, so a request costs a short scan rather than SipHash over the labels, the
-/// family's lock and a String for the service (about 700 instructions a request, callgrind).
+/// family's lock and a String for the service.
 /// Families never drop a series, so a kept counter is always the exported one.
 pub fn count_request(direction: Direction, service: &str, port: u16, code: u16) {
     type Recent = Vec<(Direction, u16, u16, Box<str>, Counter)>;

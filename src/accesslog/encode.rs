@@ -54,8 +54,8 @@ impl Entry<'_> {
     }
 }
 
-/// `a` as `Display` writes it. IPv4 is written octet by octet through itoa: the formatting machinery cost
-/// a thousand instructions a request here (callgrind), more than the rest of the line.
+/// `a` as `Display` writes it. IPv4 is written octet by octet through itoa: the formatting
+/// machinery cost more here than the rest of the line.
 fn push_addr(out: &mut Vec<u8>, a: std::net::SocketAddr) {
     match a {
         std::net::SocketAddr::V4(v4) => {

@@ -205,7 +205,7 @@ fn log(entry: &impl Serialize) {
 
 /// An HTTP request's line: the same JSON `serde_json` makes of `Entry`, written by hand because
 /// this runs once per request and serde's per-byte string escaping was the largest single cost
-/// of it (callgrind).
+/// of it.
 fn log_request(e: &Entry<'_>) {
     thread_local! {
         // Each line is built here and copied into the queue, so no line allocates.

@@ -18,7 +18,7 @@ impl Rfc3339 {
     /// Writes the moment into `buf` and returns its length (0 for a moment RFC 3339 cannot
     /// state: before year 0 or after 9999). Each thread keeps the date and time of the last
     /// second it wrote, so a busy sidecar works out the calendar once a second, not once a line
-    /// (the `time` crate's formatter was 440 instructions a request, callgrind).
+    /// (the `time` crate's formatter is costly enough to show in a request's profile).
     pub fn write(&self, buf: &mut [u8; 30]) -> usize {
         let Ok(since) = self.0.duration_since(SystemTime::UNIX_EPOCH) else {
             return write_calendar(self.0, buf);

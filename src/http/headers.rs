@@ -345,9 +345,9 @@ pub const ADDED_REQUEST_FIELDS: usize = 3;
 
 /// Makes room, in one step, for the fields this proxy adds to a request. hyper sizes the header
 /// map of a connection's first request to exactly what arrived, and each field added past
-/// that grew the map again (a new index table, every entry rehashed): twice a request on a new
-/// client connection (scenario e), about 1.4k instructions. A later request on an HTTP/1.1
-/// connection reuses a map that is already large enough, and then this checks one length.
+/// that grew the map again (a new index table, every entry rehashed), twice for the first
+/// request on each new client connection. A later request on an HTTP/1.1 connection reuses a
+/// map that is already large enough, and then this checks one length.
 pub fn make_room_for_added(h: &mut HeaderMap) {
     // Fails only past http's 32,768 fields; `too_large` has already counted them.
     let _ = h.try_reserve(ADDED_REQUEST_FIELDS);
@@ -357,7 +357,7 @@ pub fn make_room_for_added(h: &mut HeaderMap) {
 ///
 /// The random bits come from the per-thread generator the trace ids use (`fastrand`), as
 /// Envoy's ids come from a fast generator: the id names a request, it guards nothing, and
-/// `uuid`'s own source (a ChaCha12 generator per thread) cost about 1.8k instructions a request.
+/// `uuid`'s own source (a ChaCha12 generator per thread) costs far more a request.
 pub fn ensure_request_id(h: &mut HeaderMap) -> HeaderValue {
     if let Some(v) = h.get_mut(X_REQUEST_ID) {
         never_indexed(v);

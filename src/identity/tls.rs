@@ -100,10 +100,9 @@ pub fn acceptor(
     alpn: ServerAlpn,
 ) -> Result<SslAcceptor, IdentityError> {
     // Certificates as buffers, not `X509` objects. With objects, every session resumed from a
-    // ticket would parse the client's leaf into one and free it again (about 4% of a
-    // sidecar's CPU per new connection, `perf` in scenario f), though nothing reads it: the
-    // chain is verified below on full handshakes only, and the data path reads the leaf's
-    // DER (`peer_leaf_der`).
+    // ticket would parse the client's leaf into one and free it again, a cost paid on every
+    // new connection, though nothing reads it: the chain is verified below on full handshakes
+    // only, and the data path reads the leaf's DER (`peer_leaf_der`).
     // SAFETY: nothing calls an `X509`-object function on this context or its connections:
     // the builder's own such calls panic on a buffers context, and the inbound side reads
     // peers with `peer_leaf_der` only.

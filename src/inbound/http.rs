@@ -271,9 +271,8 @@ impl HttpChains {
         // after each answer without `Connection: close`. The app never reads the request and
         // no answer comes. An idempotent request without a body may then go again (RFC 9112
         // section 9.3.1), so its head is copied first: after an idle spell, or always once
-        // this app has closed a busy connection under a request. The copy costs 1.5k
-        // instructions a request (callgrind, scenario a), so a busy connection to any other
-        // app copies nothing.
+        // this app has closed a busy connection under a request. The copy is not free, so a
+        // busy connection to any other app copies nothing.
         let pooled_h1 = pooled && matches!(sender, Conn::H1(..));
         let copy = idle >= RESEND_AFTER_IDLE || self.app_closes_busy.load(Ordering::Relaxed);
         let resend = if pooled_h1 && copy && retry::idempotent(req.method()) {

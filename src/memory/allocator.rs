@@ -7,13 +7,12 @@ use super::reuse;
 
 /// The process's allocator: glibc's, with over-aligned blocks (tokio's task cells and I/O
 /// registrations ask for 128-byte alignment against false sharing) served by plain `malloc`.
-/// glibc's `posix_memalign` never uses the thread cache and splits a larger chunk each time:
-/// about 1,000 instructions an allocation where `malloc` takes 20-100, and every h2 stream and
-/// every accepted connection makes one or two. Here such a block is `malloc(size + align)`,
-/// handed out at the first aligned address past the start, with the distance back to the start
-/// stored in the word just before it (there are always at least 16 bytes: glibc's blocks are
-/// 16-aligned and the alignments taken here are 32 or more). Alignments above a page go to
-/// glibc as before.
+/// glibc's `posix_memalign` never uses the thread cache and splits a larger chunk each time,
+/// many times the cost of a `malloc`, and every h2 stream and every accepted connection makes
+/// one or two. Here such a block is `malloc(size + align)`, handed out at the first aligned
+/// address past the start, with the distance back to the start stored in the word just before
+/// it (there are always at least 16 bytes: glibc's blocks are 16-aligned and the alignments
+/// taken here are 32 or more). Alignments above a page go to glibc as before.
 pub struct Allocator;
 
 /// What glibc's `malloc` guarantees on 64-bit targets.

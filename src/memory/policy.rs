@@ -3,9 +3,9 @@
 //!
 //! A catalog update frees the previous services and clusters while requests allocate on
 //! other threads; glibc keeps most of the freed space in per-thread arenas, so a sidecar that
-//! took thousands of xDS updates could hold twice its live heap. `malloc_trim` hands the free
-//! pages back. It runs a second after it is asked for (`run` asks after each catalog change;
-//! the changes meanwhile ride along), so at most once a second while the catalog keeps
+//! took thousands of xDS updates could hold far more than its live heap. `malloc_trim` hands
+//! the free pages back. It runs a second after it is asked for (`run` asks after each catalog
+//! change; the changes meanwhile ride along), so at most once a second while the catalog keeps
 //! changing, and off the runtime's worker threads.
 
 use std::time::Duration;
@@ -44,9 +44,9 @@ fn trim() {}
 
 /// Caps glibc's malloc arenas at one per worker thread, set before any thread starts. glibc
 /// otherwise gives each thread that allocates (workers, the access-log writer, the watchers,
-/// the admin thread) an arena of its own, and each keeps the free space of its busiest moment:
-/// a one-worker sidecar's peak RSS under load was 0.6-0.8 MiB higher. Workers still get an
-/// arena each, so they do not contend; the helper threads share.
+/// the admin thread) an arena of its own, and each keeps the free space of its busiest moment,
+/// raising the sidecar's peak memory under load. Workers still get an arena each, so they do
+/// not contend; the helper threads share.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 pub fn limit_arenas(workers: usize) {
     let n = libc::c_int::try_from(workers.max(1)).unwrap_or(libc::c_int::MAX);
@@ -62,14 +62,12 @@ pub fn limit_arenas(_workers: usize) {}
 /// How many freed blocks of each size glibc keeps in a thread's cache (its default is 7).
 /// A worker has many requests in flight at once, each holding blocks of the same few sizes;
 /// past the cache's count, frees and the allocations after them go through the arena's bins,
-/// about 250 instructions each instead of 20, and a later block over 1 KiB (a TLS record
-/// buffer) first sweeps everything freed there (`malloc_consolidate`). 128 covered 32 requests
-/// in flight (callgrind: -4.3% on the server side of scenario c against 7). 100 HTTP/2 streams
-/// on one connection hold about 1,000 blocks of the smallest size (the h2 crate copies each
-/// decoded header value into one, and a count shared on clone into another), so 1024: -4.6%
-/// on the server side of scenario h against 128, -1.6% on c's, -1.9% on h's client side. The
-/// cache holds only blocks up to 1 KiB that were in use together at some moment; peak RSS
-/// under load rose by 0.2-0.8 MiB and idle connections cost what they did.
+/// several times slower, and a later block over 1 KiB (a TLS record buffer) first sweeps
+/// everything freed there (`malloc_consolidate`). 100 HTTP/2 streams on one connection hold
+/// about 1,000 blocks of the smallest size (the h2 crate copies each decoded header value into
+/// one, and a count shared on clone into another), hence 1024. The cache holds only blocks up
+/// to 1 KiB that were in use together at some moment, so peak memory under load rises a
+/// little and idle connections cost what they did.
 const TCACHE_COUNT: u32 = 1024;
 
 /// Set in the environment of the process `tune_allocator` started, so it never starts another.

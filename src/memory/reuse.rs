@@ -1,13 +1,12 @@
 //! Freed blocks of a few exact sizes just above glibc's thread-cache limit (1,032 bytes), kept
-//! per runtime thread for reuse. glibc serves every block of that size from its arena's bins:
-//! about 230 instructions to allocate and 150 to free, where its thread cache takes 20. A
-//! request makes several such blocks, nearly all of a handful of sizes fixed by their types
-//! (hyper's 8 KiB read buffers, the boxed exchange and connection futures): 8 a request on the
-//! client side of scenario e, 2 or 3 on a and c.
+//! per runtime thread for reuse. glibc serves every block of that size from its arena's bins,
+//! several times slower than from its thread cache. A request makes several such blocks,
+//! nearly all of a handful of sizes fixed by their types (hyper's 8 KiB read buffers, the
+//! boxed exchange and connection futures), more on a new connection than on a reused one.
 //!
 //! Blocks are matched by their exact size, never rounded up to a class: a rounded block is
-//! bigger than what was asked for, and across every allocation of the process that cost
-//! 1.3 MiB of idle RSS when it was tried. Each thread has [`SLOTS`] slots, each holding freed
+//! bigger than what was asked for, and across every allocation of the process that raised
+//! idle memory when it was tried. Each thread has [`SLOTS`] slots, each holding freed
 //! blocks of one size (taken by the first size freed into an empty slot), at most
 //! [`KEEP_BYTES`] of them; other sizes and the rest go to glibc. Only the runtime's threads
 //! turn it on, and give their blocks back when they stop. A block may be freed on another

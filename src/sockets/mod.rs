@@ -52,8 +52,8 @@ fn set_keepalive(sock: socket2::SockRef<'_>) {
 
 /// A TLS stream that asks the socket before asking BoringSSL. hyper polls a connection's read
 /// side several times per exchange, mostly when nothing has arrived; each of those polls would
-/// run `SSL_read` down to a `WouldBlock` and build an error for it (about a tenth of a proxied
-/// request's instructions, measured with callgrind). With nothing buffered in the TLS layer
+/// run `SSL_read` down to a `WouldBlock` and build an error for it, a real part of a proxied
+/// request's cost. With nothing buffered in the TLS layer
 /// and a socket not ready, the answer is `Pending` at once; the readiness poll registers the
 /// waker as the read would have.
 ///

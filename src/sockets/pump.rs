@@ -26,8 +26,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 pub const START: usize = super::record::RECORD;
 
 /// What a direction's buffer grows to once a read fills it: sixteen records. Against four,
-/// a GiB through the pair costs about a quarter fewer CPU seconds on the sealing side (fewer
-/// `recv`s, window updates and `send`s; benches/README.md, "Splicing bulk").
+/// bulk through the pair costs clearly less CPU on the sealing side (fewer `recv`s, window
+/// updates and `send`s; benches/README.md, "Splicing bulk").
 pub const BULK: usize = 16 * START;
 
 /// One direction: bytes read from one side and not yet written to the other.

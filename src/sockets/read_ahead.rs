@@ -133,7 +133,7 @@ impl<S> ReadAhead<S> {
 /// takes a buffer when its socket has bytes and gives it up when the socket has nothing more,
 /// so on a keep-alive connection that is once per request: a 64 KiB block allocated and freed
 /// each time costs glibc its large-bin search and, on the free, a consolidation of its fast
-/// bins (about 0.5k instructions a request on each TLS side, callgrind). A worker runs one connection at a time, so a
+/// bins, on each TLS side of every request. A worker runs one connection at a time, so a
 /// couple of spares serve all of them (a spliced connection's write batches take theirs from
 /// here too); idle connections still hold none.
 const SPARES: usize = 2;
