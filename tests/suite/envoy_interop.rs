@@ -486,21 +486,13 @@ async fn check(
 
 /// Envoy's access-log line for `path` (it flushes every 50 ms).
 async fn wait_access_line(envoy: &Envoy, path: &str) -> serde_json::Value {
-    let deadline = Instant::now() + LOG_TIMEOUT;
-    loop {
-        if let Some(l) = envoy
-            .access_log()
-            .into_iter()
-            .find(|l| l["path"].as_str() == Some(path))
-        {
-            return l;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no Envoy access-log line for {path}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let what = format!("an Envoy access-log line for {path}");
+    eventually(LOG_TIMEOUT, &what, async || {
+        let lines = envoy.access_log();
+        let line = lines.into_iter().find(|l| l["path"].as_str() == Some(path));
+        line.ok_or_else(String::new)
+    })
+    .await
 }
 
 /// Prints the control plane's record of every stream when the test fails.

@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use crate::common::inbound::*;
-use crate::common::mesh::{metric_sum, FRONTEND, ORDERS, PAYMENTS, TD};
+use crate::common::mesh::{FRONTEND, ORDERS, PAYMENTS, TD};
 use crate::common::*;
 use bytes::Bytes;
 use http::{Request, StatusCode};
@@ -747,7 +747,7 @@ async fn a_pooled_app_connection_the_app_closed_is_not_a_503() {
     );
     let n = accepted.load(std::sync::atomic::Ordering::Relaxed);
     assert!(n >= 200, "the closed connections were replaced: {n}");
-    let again = metric_sum(
+    let again = metric(
         &pod.proxy,
         "aether_retries_total",
         &["direction=\"inbound\"", "reason=\"pool-closed\""],
@@ -854,7 +854,7 @@ async fn an_idempotent_request_the_app_closed_under_goes_again() {
     let retries = |reason: &'static str| {
         let proxy = &pod.proxy;
         async move {
-            metric_sum(
+            metric(
                 proxy,
                 "aether_retries_total",
                 &["direction=\"inbound\"", &format!("reason=\"{reason}\"")],

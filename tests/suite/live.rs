@@ -736,7 +736,7 @@ async fn sigterm_drains_in_flight_work_then_exits() {
     assert!(
         status.is_some_and(|s| s.code() == Some(0)),
         "exit after drain: {status:?}; stderr:\n{}",
-        tail(&proxy.stderr(), 30)
+        proxy.stderr_tail(30)
     );
     println!(
         "drain: slow h1 done after {:?}, h2 stream done after {:?}, exit 0 after {:?}",
@@ -792,7 +792,7 @@ async fn post_drain_starts_the_same_sequence() {
     assert!(
         status.is_some_and(|s| s.code() == Some(0)),
         "exit after POST /drain: {status:?}; stderr:\n{}",
-        tail(&proxy.stderr(), 30)
+        proxy.stderr_tail(30)
     );
 }
 
@@ -983,10 +983,10 @@ async fn identity_rotation_keeps_old_connections() {
         seen,
         new_serial,
         "a handshake 2 s after the swap still shows serial {seen} (old {old_serial}); stderr:\n{}",
-        tail(&proxy.stderr(), 20)
+        proxy.stderr_tail(20)
     );
     println!("rotation: new serial seen after {:?}", swapped.elapsed());
-    let ok_after = wait_metric(&proxy, name, &ok, ok_before + 1.0, RELOAD_TIMEOUT).await;
+    let ok_after = wait_metric(&proxy, name, &ok, RELOAD_TIMEOUT, |v| v >= ok_before + 1.0).await;
     assert!(ok_after > ok_before);
     let dump = config_dump(&proxy).await;
     assert_eq!(
@@ -1019,7 +1019,10 @@ async fn identity_rotation_keeps_old_connections() {
         .count();
     let full = std::fs::read(next.cert("payments")).unwrap();
     std::fs::write(&crt, &full[..full.len() / 2]).unwrap();
-    wait_metric(&proxy, name, &err, err_before + 1.0, RELOAD_TIMEOUT).await;
+    wait_metric(&proxy, name, &err, RELOAD_TIMEOUT, |v| {
+        v >= err_before + 1.0
+    })
+    .await;
     for i in 0..5 {
         let (mut c, s) = h1_over_tls(&certs, inbound).await;
         assert_eq!(s, new_serial, "handshake {i} after a truncated cert file");
@@ -1039,7 +1042,7 @@ async fn identity_rotation_keeps_old_connections() {
         failures,
         logged_before + 1,
         "the reload error is logged once; stderr:\n{}",
-        tail(&proxy.stderr(), 20)
+        proxy.stderr_tail(20)
     );
     assert_eq!(
         metric(&proxy, name, &ok).await,
@@ -1091,7 +1094,7 @@ async fn bad_catalog_writes_keep_the_last_good_one() {
     let cut = good.find("ports:").expect("an endpoint line") + 3;
     assert!(cut > good.len() / 3);
     std::fs::write(client.catalog_path(), &good[..cut]).unwrap();
-    wait_metric(&client, name, &err, err0 + 1.0, RELOAD_TIMEOUT).await;
+    wait_metric(&client, name, &err, RELOAD_TIMEOUT, |v| v >= err0 + 1.0).await;
     await_progress(&load, &progress(&load)).await;
     assert_eq!(
         clusters(&client).await,
@@ -1104,7 +1107,7 @@ async fn bad_catalog_writes_keep_the_last_good_one() {
     // (A tab where indentation is expected and an unclosed flow sequence: a syntax error.)
     let bad_yaml = "services:\n\tpayments: [unclosed\n";
     write_atomic(&client.catalog_path(), bad_yaml.as_bytes());
-    wait_metric(&client, name, &err, err0 + 2.0, RELOAD_TIMEOUT).await;
+    wait_metric(&client, name, &err, RELOAD_TIMEOUT, |v| v >= err0 + 2.0).await;
     // Longer than the 2 s fallback poll: the errors are neither re-counted nor re-logged.
     let until = Instant::now() + Duration::from_millis(2500);
     while Instant::now() < until {
@@ -1141,7 +1144,7 @@ async fn bad_catalog_writes_keep_the_last_good_one() {
     let next = good.replace("version: v1", "version: v1b");
     write_atomic(&client.catalog_path(), next.as_bytes());
     wait_catalog_version(&client, version0 + 1, RELOAD_TIMEOUT).await;
-    wait_metric(&client, name, &ok, ok0 + 1.0, RELOAD_TIMEOUT).await;
+    wait_metric(&client, name, &ok, RELOAD_TIMEOUT, |v| v >= ok0 + 1.0).await;
     let c = clusters(&client).await;
     assert!(
         c[SVC].iter().all(|e| e.labels.contains("v1b")),
@@ -1237,7 +1240,7 @@ async fn catalog_reload_is_not_starved_by_a_busy_directory() {
         version > version0,
         "catalog rewrite not picked up within {RELOAD_TIMEOUT:?} while another file in its \
          directory is written every 40 ms (version still {version}); stderr tail:\n{}",
-        tail(&client.stderr(), 10)
+        client.stderr_tail(10)
     );
     let dump = config_dump(&client).await;
     assert_eq!(
@@ -1516,7 +1519,7 @@ async fn certificates_and_their_expiry_follow_rotation() {
         assert!(
             Instant::now() < deadline,
             "/certs still shows {w:?}; stderr:\n{}",
-            tail(&proxy.stderr(), 20)
+            proxy.stderr_tail(20)
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };

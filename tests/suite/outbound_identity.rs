@@ -54,7 +54,7 @@ async fn pinned_san_mismatch_is_refused() {
     // Exactly one handshake reached the impostor: no retry onto the same endpoint.
     let inbound = ["listener=\"inbound\""];
     let deadline = Instant::now() + LOG_TIMEOUT;
-    while metric_sum(&s1, "aether_tls_handshakes_total", &inbound).await < 1.0 {
+    while metric(&s1, "aether_tls_handshakes_total", &inbound).await < 1.0 {
         assert!(Instant::now() < deadline, "the impostor saw no handshake");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -62,7 +62,7 @@ async fn pinned_san_mismatch_is_refused() {
     assert_app_ok(&r, 8080, "control: the pod's own identity");
     assert_eq!(app.seen().len(), 1);
     let deadline = Instant::now() + LOG_TIMEOUT;
-    while metric_sum(&s1, "aether_tls_handshakes_total", &inbound).await < 2.0 {
+    while metric(&s1, "aether_tls_handshakes_total", &inbound).await < 2.0 {
         assert!(
             Instant::now() < deadline,
             "the control handshake is missing"
@@ -70,7 +70,7 @@ async fn pinned_san_mismatch_is_refused() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(
-        metric_sum(&s1, "aether_tls_handshakes_total", &inbound).await,
+        metric(&s1, "aether_tls_handshakes_total", &inbound).await,
         2.0,
         "one handshake for the refused request, one for the control"
     );
@@ -164,12 +164,12 @@ async fn new_pin_from_a_catalog_reload_applies_to_pooled_connections() {
 
     // Replace the catalog (write + rename, as a control plane would) and wait for the reload.
     let ok_reloads = ["result=\"ok\""];
-    let before = metric_sum(&client, "aether_catalog_reloads_total", &ok_reloads).await;
+    let before = metric(&client, "aether_catalog_reloads_total", &ok_reloads).await;
     let tmp = client.dir().join("catalog.yaml.tmp");
     std::fs::write(&tmp, cat(&certs.spiffe_id(ORDERS))).unwrap();
     std::fs::rename(&tmp, client.catalog_path()).unwrap();
     let deadline = Instant::now() + LOG_TIMEOUT;
-    while metric_sum(&client, "aether_catalog_reloads_total", &ok_reloads).await <= before {
+    while metric(&client, "aether_catalog_reloads_total", &ok_reloads).await <= before {
         assert!(Instant::now() < deadline, "the new catalog was not loaded");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -3,7 +3,7 @@
 use crate::common::*;
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 async fn readyz(p: &Proxy) -> (u16, serde_json::Value) {
     match p.admin_get("/readyz").await {
@@ -16,18 +16,21 @@ async fn readyz(p: &Proxy) -> (u16, serde_json::Value) {
 /// Polls `/readyz` until it answers `want`; a 503 while the proxy is still starting (its own
 /// listeners not up yet, on a loaded machine) does not count as the answer.
 async fn wait_for_status(p: &Proxy, want: u16) -> serde_json::Value {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (status, body) = readyz(p).await;
-        if status == want && body["reason"] != "starting" {
-            return body;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "/readyz stayed {status} ({body}), wanted {want}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let what = format!("/readyz answering {want}");
+    eventually_every(
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        &what,
+        async || {
+            let (status, body) = readyz(p).await;
+            if status == want && body["reason"] != "starting" {
+                Ok(body)
+            } else {
+                Err(format!("/readyz stayed {status} ({body})"))
+            }
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

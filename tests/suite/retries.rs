@@ -80,7 +80,7 @@ impl Mesh {
     }
 
     async fn retries(&self, reason: &str) -> f64 {
-        metric_sum(
+        metric(
             &self.client,
             "aether_retries_total",
             &[

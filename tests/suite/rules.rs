@@ -427,20 +427,8 @@ async fn a_stuck_access_log_drops_and_counts_instead_of_blocking() {
 // The client TLS session cache follows the catalog (SPEC section 8)
 // ---------------------------------------------------------------------------------------------
 
-async fn wait_metric(p: &Proxy, series: &str, want: f64, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let v = metric_value(p, series).await;
-        if v == want {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: {series} is {v}, want {want}"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
+/// How long a catalog reload and the session cache's answer to it may take to show.
+const SESSIONS_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_sessions_of_endpoints_that_left_the_catalog_are_forgotten() {
@@ -448,12 +436,13 @@ async fn client_sessions_of_endpoints_that_left_the_catalog_are_forgotten() {
     let sessions = "aether_tls_client_sessions";
     let r = m.send(empty(req_to("/first"))).await;
     assert_app_ok(&r, 8080, "first request");
-    wait_metric(&m.client, sessions, 1.0, "after a first handshake").await;
+    // After a first handshake.
+    wait_metric(&m.client, sessions, &[], SESSIONS_TIMEOUT, |v| v == 1.0).await;
 
     // A new catalog that keeps the endpoint keeps its session.
     let id = m.certs.spiffe_id(PAYMENTS);
     let other = m.server_pod.extra(0);
-    let reloads = r#"aether_catalog_reloads_total{result="ok"}"#;
+    let (reloads, ok) = ("aether_catalog_reloads_total", [r#"result="ok""#]);
     let write = |eps: &[String]| {
         std::fs::write(
             m.client.catalog_path(),
@@ -461,18 +450,19 @@ async fn client_sessions_of_endpoints_that_left_the_catalog_are_forgotten() {
         )
         .unwrap()
     };
-    let n = metric_value(&m.client, reloads).await;
+    let n = metric(&m.client, reloads, &ok).await;
     write(&[
         endpoint(m.server_pod.proxy_ip(), &[8080]),
         endpoint(other, &[8080]),
     ]);
-    wait_metric(&m.client, reloads, n + 1.0, "catalog reload").await;
+    wait_metric(&m.client, reloads, &ok, SESSIONS_TIMEOUT, |v| v == n + 1.0).await;
     assert_eq!(metric_value(&m.client, sessions).await, 1.0);
 
     // One without it forgets the session.
     write(&[endpoint(other, &[8080])]);
-    wait_metric(&m.client, reloads, n + 2.0, "catalog reload").await;
-    wait_metric(&m.client, sessions, 0.0, "after the endpoint left").await;
+    wait_metric(&m.client, reloads, &ok, SESSIONS_TIMEOUT, |v| v == n + 2.0).await;
+    // After the endpoint left.
+    wait_metric(&m.client, sessions, &[], SESSIONS_TIMEOUT, |v| v == 0.0).await;
 }
 
 // ---------------------------------------------------------------------------------------------

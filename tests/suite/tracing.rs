@@ -288,9 +288,9 @@ async fn a_new_trace_gets_a_client_span_and_a_server_span_under_it() {
         hex(&server.span.span_id).as_str(),
         "{server_line}"
     );
-    assert!(metric_sum(&m.client, "aether_trace_spans_exported_total", &[]).await >= 2.0);
+    assert!(metric(&m.client, "aether_trace_spans_exported_total", &[]).await >= 2.0);
     assert_eq!(
-        metric_sum(&m.client, "aether_trace_spans_dropped_total", &[]).await,
+        metric(&m.client, "aether_trace_spans_dropped_total", &[]).await,
         0.0
     );
 }
@@ -427,11 +427,11 @@ async fn unsampled_requests_export_nothing_and_still_carry_traceparent() {
     assert!(c.spans().is_empty(), "{:#?}", c.spans());
     for p in [&m.client, &m.server] {
         assert_eq!(
-            metric_sum(p, "aether_trace_spans_exported_total", &[]).await,
+            metric(p, "aether_trace_spans_exported_total", &[]).await,
             0.0
         );
         assert_eq!(
-            metric_sum(p, "aether_trace_spans_dropped_total", &[]).await,
+            metric(p, "aether_trace_spans_dropped_total", &[]).await,
             0.0
         );
     }
@@ -500,7 +500,7 @@ async fn a_collector_that_is_down_or_silent_slows_no_request_and_drops_are_count
     let deadline = Instant::now() + Duration::from_secs(15);
     for p in [&m.client, &m.server] {
         loop {
-            let dropped = metric_sum(p, "aether_trace_spans_dropped_total", &[]).await;
+            let dropped = metric(p, "aether_trace_spans_dropped_total", &[]).await;
             if dropped > 0.0 {
                 break;
             }
@@ -508,7 +508,7 @@ async fn a_collector_that_is_down_or_silent_slows_no_request_and_drops_are_count
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         assert_eq!(
-            metric_sum(p, "aether_trace_spans_exported_total", &[]).await,
+            metric(p, "aether_trace_spans_exported_total", &[]).await,
             0.0
         );
     }

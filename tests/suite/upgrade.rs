@@ -477,20 +477,20 @@ async fn the_idle_timeout_closes_an_idle_upgraded_connection() {
         took >= Duration::from_millis(900) && took < Duration::from_secs(5),
         "closed after {took:?} of silence, want about 1 s"
     );
-    let cut = metric_sum(
+    let cut = metric(
         &m.client,
         "aether_http_protocol_errors_total",
         &["reason=\"tunnel_idle\""],
     )
     .await
-        + metric_sum(
+        + metric(
             &m.server,
             "aether_http_protocol_errors_total",
             &["reason=\"tunnel_idle\""],
         )
         .await;
     assert!(cut >= 1.0, "the idle cut is counted");
-    let stream_cut = metric_sum(
+    let stream_cut = metric(
         &m.client,
         "aether_http_protocol_errors_total",
         &["reason=\"stream_idle\""],

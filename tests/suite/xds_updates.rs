@@ -106,7 +106,7 @@ async fn invalid_clusters_are_nacked_and_the_last_good_one_stays(
     assert!(d["last_nack"].is_null(), "no NACK yet: {d}");
     let nack = ["type=\"cluster\"", "result=\"nack\""];
     let ack = ["type=\"cluster\"", "result=\"ack\""];
-    assert!(metric_value(&client, "aether_xds_updates_total", &ack).await >= 1.0);
+    assert!(metric(&client, "aether_xds_updates_total", &ack).await >= 1.0);
 
     let base = cp.cluster(name);
     let mut sni_abc = base.clone();
@@ -167,7 +167,7 @@ async fn invalid_clusters_are_nacked_and_the_last_good_one_stays(
         ),
     ];
     for (what, bad, words) in cases {
-        let metric_before = metric_value(&client, "aether_xds_updates_total", &nack).await;
+        let metric_before = metric(&client, "aether_xds_updates_total", &nack).await;
         let nacks_before = cp.nacks().len();
         cp.serve_invalid(name, bad);
         cp.wait_until(IO_TIMEOUT, &format!("a NACK of {what}"), |cp| {
@@ -203,7 +203,7 @@ async fn invalid_clusters_are_nacked_and_the_last_good_one_stays(
             good.as_str(),
             "{what}: the version in use is the last good one: {d}"
         );
-        wait_metric_value(
+        wait_metric(
             &client,
             "aether_xds_updates_total",
             &nack,
@@ -315,7 +315,7 @@ async fn pushed_endpoint_and_identity_changes_apply_without_restart(
 
     // An unchanged resend: no change, no new connection.
     let inbound_ok = ["listener=\"inbound\"", "result=\"ok\""];
-    let handshakes = || metric_value(&s3, "aether_tls_handshakes_total", &inbound_ok);
+    let handshakes = || metric(&s3, "aether_tls_handshakes_total", &inbound_ok);
     let h0 = handshakes().await;
     for i in 0..5 {
         assert_app_ok(
@@ -661,7 +661,7 @@ async fn control_plane_restart_loses_no_traffic(server: crate::common::xds::Serv
     let client = xds_client(&certs, client_pod, &cp.address(), &[], "").await;
     let out = client_pod.outbound();
     let connected = "aether_xds_connected";
-    wait_metric_value(&client, connected, &[], Duration::from_secs(5), |v| {
+    wait_metric(&client, connected, &[], Duration::from_secs(5), |v| {
         v == 1.0
     })
     .await;
@@ -675,7 +675,7 @@ async fn control_plane_restart_loses_no_traffic(server: crate::common::xds::Serv
     load.wait_more(10, Duration::from_secs(5)).await;
     cp.stop().await;
     let stopped = Instant::now();
-    wait_metric_value(&client, connected, &[], Duration::from_secs(5), |v| {
+    wait_metric(&client, connected, &[], Duration::from_secs(5), |v| {
         v == 0.0
     })
     .await;
@@ -694,7 +694,7 @@ async fn control_plane_restart_loses_no_traffic(server: crate::common::xds::Serv
     assert!(a2.seen().is_empty());
     cp.serve().await;
     let away = stopped.elapsed();
-    wait_metric_value(&client, connected, &[], Duration::from_secs(10), |v| {
+    wait_metric(&client, connected, &[], Duration::from_secs(10), |v| {
         v == 1.0
     })
     .await;
@@ -772,7 +772,7 @@ async fn control_plane_restart_loses_no_traffic(server: crate::common::xds::Serv
     )
     .await;
     cp.wait_acked(&[SVC, eds], IO_TIMEOUT).await;
-    wait_metric_value(&client, connected, &[], Duration::from_secs(5), |v| {
+    wait_metric(&client, connected, &[], Duration::from_secs(5), |v| {
         v == 1.0
     })
     .await;
@@ -1062,10 +1062,7 @@ async fn streams_refused_on_accept_are_retried_with_backoff() {
             cp.summary()
         );
     }
-    assert_eq!(
-        metric_value(&client, "aether_xds_connected", &[]).await,
-        0.0
-    );
+    assert_eq!(metric(&client, "aether_xds_connected", &[]).await, 0.0);
     cp.refuse_streams(None);
     let out = client_pod.outbound();
     let r = within(
@@ -1144,7 +1141,7 @@ async fn a_graceful_server_restart_loses_nothing_and_reconnects_once() {
         "requests failed around the restart: {bad:?}"
     );
     assert_eq!(cp.ads_streams().len(), 2, "one reconnect; {}", cp.summary());
-    wait_metric_value(&client, "aether_xds_connected", &[], IO_TIMEOUT, |v| {
+    wait_metric(&client, "aether_xds_connected", &[], IO_TIMEOUT, |v| {
         v == 1.0
     })
     .await;

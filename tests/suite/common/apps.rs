@@ -18,7 +18,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
 
-use super::{within, IO_TIMEOUT};
+use super::{eventually_every, within, IO_TIMEOUT};
 
 /// Which HTTP codec a test app speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,7 +135,7 @@ impl HttpApp {
     pub async fn stop(self) {
         let addr = self.addr;
         drop(self);
-        wait_refused(addr).await;
+        wait_refused(addr, IO_TIMEOUT).await;
     }
 }
 
@@ -308,18 +308,22 @@ impl Drop for TcpEcho {
     }
 }
 
-/// Polls until connecting to `addr` is refused (after stopping a server), bounded.
-pub async fn wait_refused(addr: SocketAddr) {
-    let deadline = Instant::now() + IO_TIMEOUT;
-    loop {
-        match tokio::time::timeout(Duration::from_secs(1), TcpStream::connect(addr)).await {
-            Ok(Err(e)) if e.kind() == io::ErrorKind::ConnectionRefused => return,
-            _ => {}
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{addr} still accepts connections"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+/// Polls until connecting to `addr` is refused (after stopping a server); returns when, or
+/// panics after `limit`.
+pub async fn wait_refused(addr: SocketAddr, limit: Duration) -> Instant {
+    let what = format!("{addr} refusing TCP connections");
+    eventually_every(
+        limit,
+        Duration::from_millis(10),
+        &what,
+        async || match tokio::time::timeout(Duration::from_millis(500), TcpStream::connect(addr))
+            .await
+        {
+            Ok(Err(e)) if e.kind() == io::ErrorKind::ConnectionRefused => Ok(Instant::now()),
+            Ok(Ok(_)) => Err("a connection was accepted".to_string()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("connect timed out".to_string()),
+        },
+    )
+    .await
 }

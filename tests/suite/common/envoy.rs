@@ -21,11 +21,11 @@ use std::fs;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::StatusCode;
 
-use super::{http_get, READY_TIMEOUT};
+use super::{http_get, poll_until, READY_TIMEOUT};
 
 /// The Envoy release the mesh runs; the test insists on it.
 pub const ENVOY_VERSION: &str = "1.40";
@@ -278,9 +278,7 @@ impl Envoy {
     }
 
     async fn wait_ready(&mut self, limit: Duration) {
-        let deadline = Instant::now() + limit;
-        let mut last;
-        loop {
+        let ready = poll_until(limit, Duration::from_millis(25), async || {
             if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
                 panic!(
                     "envoy exited before it was ready ({status}); log:\n{}",
@@ -288,16 +286,17 @@ impl Envoy {
                 );
             }
             match http_get(self.admin, "/ready").await {
-                Ok(r) if r.status == StatusCode::OK => return,
-                Ok(r) => last = format!("{} {}", r.status, r.text()),
-                Err(e) => last = e,
+                Ok(r) if r.status == StatusCode::OK => Ok(()),
+                Ok(r) => Err(format!("{} {}", r.status, r.text())),
+                Err(e) => Err(e),
             }
-            assert!(
-                Instant::now() < deadline,
+        })
+        .await;
+        if let Err(last) = ready {
+            panic!(
                 "envoy not ready after {limit:?} (last /ready: {last}); log:\n{}",
                 self.log()
             );
-            tokio::time::sleep(Duration::from_millis(25)).await;
         }
     }
 

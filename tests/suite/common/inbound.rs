@@ -7,7 +7,7 @@
 //! the workload names from `common::mesh`).
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::*;
 
@@ -75,12 +75,18 @@ pub async fn cut_offs(p: &Proxy, reason: &str) -> u64 {
 /// Polls [`cut_offs`] until it reaches `min` (the proxy counts a connection once its task has
 /// ended, a moment after the client saw the end), or 5 s passed; returns the last value.
 pub async fn cut_offs_at_least(p: &Proxy, reason: &str, min: u64) -> u64 {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let n = cut_offs(p, reason).await;
-        if n >= min || Instant::now() >= deadline {
-            return n;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (Ok(n) | Err(n)) = poll_until(
+        Duration::from_secs(5),
+        Duration::from_millis(50),
+        async || {
+            let n = cut_offs(p, reason).await;
+            if n >= min {
+                Ok(n)
+            } else {
+                Err(n)
+            }
+        },
+    )
+    .await;
+    n
 }

@@ -2,7 +2,7 @@
 //! drain): apps that know which pod and version they belong to, a keep-alive load generator,
 //! atomic file writes, and small admin-endpoint readers.
 //!
-//! Not re-exported by `common`: its names (`clusters`, `metric`, ...) are too general to share
+//! Not re-exported by `common`: its names (`clusters`, `config_dump`, ...) are too general to share
 //! a glob with other topic modules, so a test file imports it itself with
 //! `use common::live::*;`.
 
@@ -57,18 +57,17 @@ impl Ledger {
     }
     /// Polls until a hit matches `pred`, bounded by `limit`.
     pub async fn wait_for(&self, limit: Duration, what: &str, pred: impl Fn(&Hit) -> bool) -> Hit {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(h) = self.0.lock().unwrap().iter().find(|h| pred(h)) {
-                return h.clone();
-            }
-            assert!(
-                Instant::now() < deadline,
+        let hit = poll_until(limit, Duration::from_millis(10), async || {
+            let hits = self.0.lock().unwrap();
+            hits.iter().find(|h| pred(h)).cloned().ok_or(())
+        })
+        .await;
+        hit.unwrap_or_else(|()| {
+            panic!(
                 "{what}: no such request reached an app within {limit:?}; hits: {:?}",
                 self.hits()
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+            )
+        })
     }
 }
 
@@ -356,41 +355,6 @@ pub fn write_atomic(path: &Path, content: &[u8]) {
 // Admin readers
 // ---------------------------------------------------------------------------------------------
 
-/// Sum of the samples of a metric whose label set contains every `labels` item (such as
-/// `result="ok"`).
-pub async fn metric(p: &Proxy, name: &str, labels: &[&str]) -> f64 {
-    let r = p.admin_get("/metrics").await.expect("GET /metrics");
-    assert_eq!(r.status, StatusCode::OK, "/metrics: {r:?}");
-    r.text()
-        .lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
-        .filter(|l| labels.iter().all(|kv| l.contains(kv)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-/// Polls a metric until it reaches `at_least`; returns its value.
-pub async fn wait_metric(
-    p: &Proxy,
-    name: &str,
-    labels: &[&str],
-    at_least: f64,
-    limit: Duration,
-) -> f64 {
-    let deadline = Instant::now() + limit;
-    loop {
-        let v = metric(p, name, labels).await;
-        if v >= at_least {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{name}{labels:?} is {v}, still below {at_least} after {limit:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// The `/config_dump` JSON.
 pub async fn config_dump(p: &Proxy) -> serde_json::Value {
     let r = p.admin_get("/config_dump").await.expect("GET /config_dump");
@@ -409,19 +373,21 @@ pub async fn catalog_version(p: &Proxy) -> u64 {
 /// Polls `/config_dump` until the catalog version reaches `at_least`; returns the instant it
 /// was seen.
 pub async fn wait_catalog_version(p: &Proxy, at_least: u64, limit: Duration) -> Instant {
-    let deadline = Instant::now() + limit;
-    loop {
+    let seen = poll_until(limit, Duration::from_millis(10), async || {
         let v = catalog_version(p).await;
         if v >= at_least {
-            return Instant::now();
+            Ok(Instant::now())
+        } else {
+            Err(v)
         }
-        assert!(
-            Instant::now() < deadline,
+    })
+    .await;
+    seen.unwrap_or_else(|v| {
+        panic!(
             "catalog version still {v} (want {at_least}) after {limit:?}; stderr tail:\n{}",
-            tail(&p.stderr(), 20)
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+            p.stderr_tail(20)
+        )
+    })
 }
 
 /// One endpoint as `/clusters` shows it.
@@ -457,12 +423,6 @@ pub async fn clusters_json(p: &Proxy) -> serde_json::Value {
     let r = p.admin_get("/clusters").await.expect("GET /clusters");
     assert_eq!(r.status, StatusCode::OK, "/clusters: {r:?}");
     r.json()
-}
-
-/// The last `n` lines of `s`.
-pub fn tail(s: &str, n: usize) -> String {
-    let lines: Vec<&str> = s.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -69,10 +69,12 @@
 mod apps;
 mod certs;
 mod http_client;
+mod metrics;
 mod net;
 mod proxy;
 mod tcp;
 mod tls;
+mod wait;
 
 pub mod envoy;
 pub mod inbound;
@@ -82,7 +84,9 @@ pub mod xds;
 
 // Every test binary uses its own part of the harness.
 #[allow(unused_imports)]
-pub use {apps::*, certs::*, http_client::*, net::*, proxy::*, tcp::*, tls::*};
+pub use {
+    apps::*, certs::*, http_client::*, metrics::*, net::*, proxy::*, tcp::*, tls::*, wait::*,
+};
 
 use std::time::Duration;
 

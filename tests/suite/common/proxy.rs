@@ -4,13 +4,13 @@ use std::fs;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::Full;
 
-use super::{http_get, tcp_connect, HttpClient, Reply, BIN, READY_TIMEOUT};
+use super::{http_get, poll_until, tcp_connect, HttpClient, Reply, BIN, PACE, READY_TIMEOUT};
 
 /// Resident memory (VmRSS) of process `pid` in KiB; `None` once the process is gone.
 pub fn rss_kib_of(pid: u32) -> Option<u64> {
@@ -213,9 +213,7 @@ impl Proxy {
     /// Polls `GET /readyz` until 200; panics (with the proxy's stderr) if the process exits or
     /// the deadline passes.
     pub async fn wait_ready(&mut self, limit: Duration) {
-        let deadline = Instant::now() + limit;
-        let mut last;
-        loop {
+        let ready = poll_until(limit, Duration::from_millis(25), async || {
             if let Some(status) = self.try_exit() {
                 panic!(
                     "aether-proxy exited before it was ready ({status}); stderr:\n{}",
@@ -223,17 +221,17 @@ impl Proxy {
                 );
             }
             match http_get(self.admin, "/readyz").await {
-                Ok(r) if r.status == StatusCode::OK => return,
-                Ok(r) => last = format!("{} {}", r.status, r.text()),
-                Err(e) => last = e,
+                Ok(r) if r.status == StatusCode::OK => Ok(()),
+                Ok(r) => Err(format!("{} {}", r.status, r.text())),
+                Err(e) => Err(e),
             }
-            if Instant::now() >= deadline {
-                panic!(
-                    "aether-proxy not ready after {limit:?} (last /readyz: {last}); stderr:\n{}",
-                    self.stderr()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
+        })
+        .await;
+        if let Err(last) = ready {
+            panic!(
+                "aether-proxy not ready after {limit:?} (last /readyz: {last}); stderr:\n{}",
+                self.stderr()
+            );
         }
     }
 
@@ -276,24 +274,28 @@ impl Proxy {
         limit: Duration,
         pred: impl Fn(&serde_json::Value) -> bool,
     ) -> serde_json::Value {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(v) = self.access_log().into_iter().find(|v| pred(v)) {
-                return v;
-            }
-            if Instant::now() >= deadline {
-                panic!(
-                    "no matching access-log line after {limit:?}; stdout:\n{}",
-                    self.stdout_lines().join("\n")
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let line = poll_until(limit, PACE, async || {
+            self.access_log().into_iter().find(|v| pred(v)).ok_or(())
+        })
+        .await;
+        line.unwrap_or_else(|()| {
+            panic!(
+                "no matching access-log line after {limit:?}; stdout:\n{}",
+                self.stdout_lines().join("\n")
+            )
+        })
     }
 
     /// Everything the proxy wrote to stderr so far.
     pub fn stderr(&self) -> String {
         fs::read_to_string(self.dir.path().join("stderr.log")).unwrap_or_default()
+    }
+
+    /// The last `n` lines the proxy wrote to stderr.
+    pub fn stderr_tail(&self, n: usize) -> String {
+        let err = self.stderr();
+        let lines: Vec<&str> = err.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
     }
 
     /// Sends a signal (e.g. `libc::SIGTERM`) to the process.
@@ -318,16 +320,9 @@ impl Proxy {
 
     /// Polls until the process exits; `None` if it is still running after `limit`.
     pub async fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(s) = self.try_exit() {
-                return Some(s);
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        poll_until(limit, PACE, async || self.try_exit().ok_or(()))
+            .await
+            .ok()
     }
 }
 

@@ -26,7 +26,7 @@ pub mod rogue;
 pub mod wire;
 
 use std::net::{IpAddr, SocketAddr};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::StatusCode;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
@@ -347,30 +347,16 @@ pub async fn wait_log(
     what: &str,
     pred: impl Fn(&str) -> bool,
 ) -> String {
-    let deadline = Instant::now() + limit;
-    loop {
+    let log = poll_until(limit, PACE, async || {
         let log = plain_stderr(p);
         if pred(&log) {
-            return log;
+            Ok(log)
+        } else {
+            Err(log)
         }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: not in the proxy log after {limit:?}; log:\n{log}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Sum of the samples of a metric whose label set contains every `labels` pair.
-pub async fn metric_sum(p: &Proxy, name: &str, labels: &[&str]) -> f64 {
-    let r = p.admin_get("/metrics").await.unwrap();
-    assert_eq!(r.status, StatusCode::OK);
-    r.text()
-        .lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
-        .filter(|l| labels.iter().all(|kv| l.contains(kv)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    })
+    .await;
+    log.unwrap_or_else(|log| panic!("{what}: not in the proxy log after {limit:?}; log:\n{log}"))
 }
 
 /// The paths an app was asked for, in order (h1 origin-form and h2 absolute URIs alike).

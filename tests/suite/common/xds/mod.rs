@@ -54,7 +54,10 @@ pub use server::Listen;
 #[allow(unused_imports)]
 pub use state::{Api, NodeInfo, Request, Response, StreamRecord};
 
-use super::{empty, get, tcp_connect, Certs, HttpClient, Net, PodNet, Proxy, Reply};
+use super::{
+    empty, eventually_every, get, poll_until, tcp_connect, Certs, HttpClient, Net, PodNet, Proxy,
+    Reply, PACE,
+};
 use resources::{pack, version_of, Key, Res};
 use state::State;
 
@@ -542,18 +545,12 @@ impl ControlPlane {
         what: &str,
         pred: impl Fn(&ControlPlane) -> bool,
     ) {
-        let deadline = Instant::now() + limit;
-        loop {
-            if pred(self) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{what}: not seen by the control plane after {limit:?}; streams:\n{}",
-                self.summary()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let seen = poll_until(limit, PACE, async || pred(self).then_some(()).ok_or(())).await;
+        assert!(
+            seen.is_ok(),
+            "{what}: not seen by the control plane after {limit:?}; streams:\n{}",
+            self.summary()
+        );
     }
 }
 
@@ -644,47 +641,6 @@ pub async fn xds_dump(p: &Proxy) -> serde_json::Value {
         "/config_dump has no \"xds\" object: {v}"
     );
     v["xds"].clone()
-}
-
-/// One sample of a metric (the sum over the samples whose labels contain every `labels` item).
-pub async fn metric_value(p: &Proxy, name: &str, labels: &[&str]) -> f64 {
-    let r = p.admin_get("/metrics").await.expect("GET /metrics");
-    assert_eq!(r.status.as_u16(), 200, "/metrics: {r:?}");
-    r.text()
-        .lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
-        .filter(|l| labels.iter().all(|kv| l.contains(kv)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-/// Polls a metric until `pred` holds for its value; returns the value.
-pub async fn wait_metric_value(
-    p: &Proxy,
-    name: &str,
-    labels: &[&str],
-    limit: Duration,
-    pred: impl Fn(f64) -> bool,
-) -> f64 {
-    let deadline = Instant::now() + limit;
-    loop {
-        let v = metric_value(p, name, labels).await;
-        if pred(v) {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{name}{labels:?} is still {v} after {limit:?}; stderr tail:\n{}",
-            tail_lines(&p.stderr(), 30)
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// The last `n` lines of `s`.
-pub fn tail_lines(s: &str, n: usize) -> String {
-    let lines: Vec<&str> = s.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -790,31 +746,28 @@ impl Load {
     /// Waits until `n` more requests than now have finished.
     pub async fn wait_more(&self, n: usize, limit: Duration) {
         let target = self.count() + n;
-        let deadline = Instant::now() + limit;
-        while self.count() < target {
-            assert!(
-                Instant::now() < deadline,
-                "the load made {} of {target} requests in {limit:?}",
-                self.count()
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let what = format!("the load making {n} more requests ({target} in all)");
+        eventually_every(limit, Duration::from_millis(10), &what, async || {
+            let made = self.count();
+            (made >= target)
+                .then_some(())
+                .ok_or_else(|| format!("{made} made"))
+        })
+        .await
     }
 
     /// Waits until some outcome satisfies `pred`.
     pub async fn wait_for(&self, limit: Duration, what: &str, pred: impl Fn(&Outcome) -> bool) {
-        let deadline = Instant::now() + limit;
-        loop {
-            if self.results.lock().unwrap().iter().any(|(_, o)| pred(o)) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{what}: not seen in {limit:?}; last outcomes: {:?}",
-                self.results().iter().rev().take(5).collect::<Vec<_>>()
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let seen = poll_until(limit, Duration::from_millis(10), async || {
+            let seen = self.results.lock().unwrap().iter().any(|(_, o)| pred(o));
+            seen.then_some(()).ok_or(())
+        })
+        .await;
+        assert!(
+            seen.is_ok(),
+            "{what}: not seen in {limit:?}; last outcomes: {:?}",
+            self.results().iter().rev().take(5).collect::<Vec<_>>()
+        );
     }
 
     /// Stops the workers; returns every outcome, in time order.
