@@ -175,8 +175,8 @@ async fn push_1000_endpoints(net: &Net, certs: &Certs, id: &str, live: Endpoint)
 }
 
 async fn wait_endpoints(p: &Proxy, want: usize, limit: Duration) {
-    let deadline = Instant::now() + limit;
-    loop {
+    let what = format!("{want} endpoints in /clusters");
+    eventually_every(limit, Duration::from_millis(1), &what, async || {
         let v = p.admin_get("/clusters").await.unwrap().json();
         let n = v["clusters"]
             .as_array()
@@ -186,11 +186,12 @@ async fn wait_endpoints(p: &Proxy, want: usize, limit: Duration) {
             .map(|c| c["endpoints"].as_array().map_or(0, Vec::len))
             .sum::<usize>();
         if n == want {
-            return;
+            Ok(())
+        } else {
+            Err(format!("{n} endpoints"))
         }
-        assert!(Instant::now() < deadline, "{n} endpoints, want {want}");
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    })
+    .await
 }
 
 /// 1,000 services with 10 endpoints each on ports 8080 and 9090; one request to each port of

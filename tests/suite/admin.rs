@@ -1,6 +1,8 @@
 //! The admin listener (SPEC section 6) of a real proxy: health, readiness, metrics names,
 //! config dump, clusters, run-time log filter, and unknown paths.
 
+use std::time::Duration;
+
 use crate::common::*;
 
 /// A payments pod's certificates and config (default port 8080), `extra` appended.
@@ -230,26 +232,23 @@ async fn the_health_listener_serves_only_the_probes() {
         .no_wait()
         .start()
         .await;
-    let mut ready = None;
-    for _ in 0..200 {
-        if let Ok(r) = http_get(health, "/healthz/ready").await {
-            ready = Some(r);
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-    }
-    let mut ready = ready.expect("the health listener answers");
+    let (five_s, pace) = (Duration::from_secs(5), Duration::from_millis(25));
+    eventually_every(five_s, pace, "the health listener answering", async || {
+        http_get(health, "/healthz/ready").await.map(drop)
+    })
+    .await;
     // The first answers can straddle the first readiness scan ("starting", then the scan's
     // result): ask both again until they agree on a state, then compare them whole.
-    let mut readyz = proxy.admin_get("/readyz").await.unwrap();
-    for _ in 0..200 {
+    let (Ok((ready, readyz)) | Err((ready, readyz))) = poll_until(five_s, pace, async || {
+        let ready = http_get(health, "/healthz/ready").await.unwrap();
+        let readyz = proxy.admin_get("/readyz").await.unwrap();
         if ready.text() == readyz.text() {
-            break;
+            Ok((ready, readyz))
+        } else {
+            Err((ready, readyz))
         }
-        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-        ready = http_get(health, "/healthz/ready").await.unwrap();
-        readyz = proxy.admin_get("/readyz").await.unwrap();
-    }
+    })
+    .await;
     assert_eq!(ready.status.as_u16(), 503);
     assert_eq!(ready.status, readyz.status);
     assert_eq!(ready.text(), readyz.text(), "exactly the /readyz answer");
@@ -257,16 +256,17 @@ async fn the_health_listener_serves_only_the_probes() {
 
     // Once the app listens, both say ready.
     let _app = tokio::net::TcpListener::bind(pod.app(8080)).await.unwrap();
-    let mut last = None;
-    for _ in 0..200 {
+    let ten_s = Duration::from_secs(10);
+    let pace = Duration::from_millis(50);
+    let ready = eventually_every(ten_s, pace, "ready once the app listens", async || {
         let r = http_get(health, "/healthz/ready").await.unwrap();
         if r.status.as_u16() == 200 {
-            last = Some(r);
-            break;
+            Ok(r)
+        } else {
+            Err(format!("{} {}", r.status, r.text()))
         }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    let ready = last.expect("ready once the app listens");
+    })
+    .await;
     assert_eq!(ready.json()["status"], "ready");
     assert_eq!(
         proxy.admin_get("/readyz").await.unwrap().text(),

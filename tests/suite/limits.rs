@@ -52,17 +52,14 @@ async fn the_connection_breaker_answers_overflow_and_reuses_what_it_has() {
 
     let first = tokio::spawn(async move { h1_to(out).await.send(slow("/slow", 1500)).await });
     // Wait until the slow request holds the one upstream connection.
-    within(
-        Duration::from_secs(5),
-        "the slow request reaches the app",
-        async {
-            while m.app.seen().is_empty() {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        },
+    let (five_s, pace) = (Duration::from_secs(5), Duration::from_millis(10));
+    eventually_every(
+        five_s,
+        pace,
+        "the slow request reaching the app",
+        async || holds(!m.app.seen().is_empty()),
     )
-    .await
-    .unwrap();
+    .await;
     let r = get_h1(out, SVC, "/second").await;
     assert_proxy_error(
         &r,
@@ -107,17 +104,14 @@ async fn the_request_breaker_answers_overflow_past_its_limit() {
                 .await
         });
     }
-    within(
-        Duration::from_secs(5),
-        "both slow requests reach the app",
-        async {
-            while m.app.seen().len() < 2 {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        },
+    let (five_s, pace) = (Duration::from_secs(5), Duration::from_millis(10));
+    eventually_every(
+        five_s,
+        pace,
+        "both slow requests reaching the app",
+        async || holds(m.app.seen().len() >= 2),
     )
-    .await
-    .unwrap();
+    .await;
     let t = Instant::now();
     let r = get_h1(out, SVC, "/third").await;
     assert_proxy_error(&r, 503, "overflow", "a third request in flight");

@@ -14,24 +14,15 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use crate::common::inbound::frontend_peer;
 use crate::common::live::*;
+use crate::common::mesh::{certs, PAYMENTS, SVC, TD};
 use crate::common::*;
-use tokio::net::TcpStream;
 
-const TD: &str = "aether.local";
-const PAYMENTS: &str = "default/payments";
-const FRONTEND: &str = "default/frontend";
-
-/// The service every test calls, in its portless spelling (default port 8080).
-const SVC: &str = "payments.aether.internal";
 const SVC_9091: &str = "payments.aether.internal:9091";
 
 /// How long a catalog or identity reload may take to show (150 ms debounce, 2 s poll fallback).
 const RELOAD_TIMEOUT: Duration = Duration::from_secs(5);
-
-fn certs() -> Certs {
-    Certs::new(TD, &[PAYMENTS, FRONTEND])
-}
 
 /// A server pod's proxy (identity `payments`, default port 8080); `extra` is appended to the
 /// config (e.g. a `drain:` section). `identity` overrides the `identity:` block.
@@ -167,16 +158,9 @@ fn expected_endpoints(eps: &[Ep], port: u16) -> Vec<(String, bool)> {
     v
 }
 
-/// A TLS client with the `frontend` identity, SNI `sni`, offering `alpn`.
-fn tls_client(certs: &Certs, sni: &str, alpn: &[&str]) -> TlsClient {
-    TlsClient::with_identity(certs, "frontend")
-        .sni(Some(sni))
-        .alpn(alpn)
-}
-
 /// An HTTP/1.1 connection through mTLS to a server proxy's inbound port-8080 chain.
 async fn h1_over_tls(certs: &Certs, inbound: SocketAddr) -> (HttpClient, String) {
-    let tls = tls_client(certs, "8080", &["http/1.1"])
+    let tls = frontend_peer(certs, "8080", &["http/1.1"])
         .connect(inbound)
         .await
         .unwrap_or_else(|e| panic!("TLS to {inbound}: {e:?}"));
@@ -184,39 +168,16 @@ async fn h1_over_tls(certs: &Certs, inbound: SocketAddr) -> (HttpClient, String)
     (HttpClient::h1(tls).await.unwrap(), serial)
 }
 
-/// Waits until connecting to `addr` is refused; returns when, or panics after `limit`.
-async fn wait_tcp_refused(addr: SocketAddr, limit: Duration) -> Instant {
-    let deadline = Instant::now() + limit;
-    loop {
-        match tokio::time::timeout(Duration::from_millis(500), TcpStream::connect(addr)).await {
-            Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-                return Instant::now()
-            }
-            Ok(Ok(s)) => drop(s),
-            _ => {}
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{addr} still accepts TCP connections after {limit:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// Polls `/readyz` until it answers `status`; returns when.
 async fn wait_readyz(p: &Proxy, status: u16, limit: Duration) -> Instant {
-    let deadline = Instant::now() + limit;
-    loop {
-        let r = p.admin_get("/readyz").await;
-        if matches!(&r, Ok(r) if r.status.as_u16() == status) {
-            return Instant::now();
+    let what = format!("/readyz answering {status}");
+    eventually_every(limit, Duration::from_millis(10), &what, async || {
+        match p.admin_get("/readyz").await {
+            Ok(r) if r.status.as_u16() == status => Ok(Instant::now()),
+            r => Err(format!("{r:?}")),
         }
-        assert!(
-            Instant::now() < deadline,
-            "/readyz is not {status} after {limit:?}: {r:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    })
+    .await
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -557,22 +518,25 @@ fn targets_so_far(load: &LoadGen) -> BTreeMap<&'static str, usize> {
 
 /// Waits (bounded) until each target answered at least 20 more requests than in `before`.
 async fn await_progress(load: &LoadGen, before: &BTreeMap<&str, usize>) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let shots = load.shots();
-        let behind: Vec<_> = before
-            .iter()
-            .filter(|(t, n)| shots.iter().filter(|s| s.target == **t).count() < **n + 20)
-            .collect();
-        if behind.is_empty() {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the load generator stalled: {behind:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let ten_s = Duration::from_secs(10);
+    eventually_every(
+        ten_s,
+        Duration::from_millis(10),
+        "load progress",
+        async || {
+            let shots = load.shots();
+            let behind: Vec<_> = before
+                .iter()
+                .filter(|(t, n)| shots.iter().filter(|s| s.target == **t).count() < **n + 20)
+                .collect();
+            if behind.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("the load generator stalled: {behind:?}"))
+            }
+        },
+    )
+    .await
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -636,7 +600,7 @@ async fn check_notify_then_close(
     drop(c);
 
     // After notify: refused.
-    let refused = wait_tcp_refused(inbound, DRAIN_NOTIFY + Duration::from_secs(2)).await;
+    let refused = wait_refused(inbound, DRAIN_NOTIFY + Duration::from_secs(2)).await;
     assert!(
         refused >= start + DRAIN_NOTIFY - Duration::from_millis(50),
         "the listener closed {:?} after the drain started, before notify ({DRAIN_NOTIFY:?}) ended",
@@ -674,7 +638,7 @@ async fn sigterm_drains_in_flight_work_then_exits() {
         (r, Instant::now())
     });
     // An h2 stream on the 9090 chain whose body ends ~2 s after it started.
-    let tls = tls_client(&certs, "9090", &["h2"])
+    let tls = frontend_peer(&certs, "9090", &["h2"])
         .connect(inbound)
         .await
         .unwrap_or_else(|e| panic!("TLS 9090: {e:?}"));
@@ -834,31 +798,37 @@ async fn draining_endpoint_gets_no_new_requests() {
 
     // Slow requests until one is in flight on A (the balancer spreads them).
     let mut slow = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while ledger.count(|h| h.pod == "A" && h.path == "/slow") == 0 {
-        assert!(Instant::now() < deadline, "no slow request reached A");
-        let mut c = HttpClient::h1(tcp_connect(outbound).await.unwrap())
-            .await
-            .unwrap();
-        slow.push(tokio::spawn(async move {
-            let started = Instant::now();
-            let r = c
-                .send(empty(
-                    get("/slow")
-                        .header("host", SVC)
-                        .header("x-app-delay-ms", "2000"),
-                ))
-                .await;
-            (r, started.elapsed())
-        }));
-        let n = slow.len();
-        let _ = tokio::time::timeout(Duration::from_secs(1), async {
-            while ledger.count(|h| h.path == "/slow") < n {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        })
-        .await;
-    }
+    let five_s = Duration::from_secs(5);
+    eventually_every(
+        five_s,
+        Duration::ZERO,
+        "a slow request reaching A",
+        async || {
+            let mut c = HttpClient::h1(tcp_connect(outbound).await.unwrap())
+                .await
+                .unwrap();
+            slow.push(tokio::spawn(async move {
+                let started = Instant::now();
+                let r = c
+                    .send(empty(
+                        get("/slow")
+                            .header("host", SVC)
+                            .header("x-app-delay-ms", "2000"),
+                    ))
+                    .await;
+                (r, started.elapsed())
+            }));
+            // Until it reached an app, for 1 s at most.
+            let n = slow.len();
+            let (one_s, pace) = (Duration::from_secs(1), Duration::from_millis(5));
+            let _ = poll_until(one_s, pace, async || {
+                holds(ledger.count(|h| h.path == "/slow") >= n)
+            })
+            .await;
+            holds(ledger.count(|h| h.pod == "A" && h.path == "/slow") > 0)
+        },
+    )
+    .await;
 
     eps[0].draining = true;
     version += 1;
@@ -950,7 +920,7 @@ async fn identity_rotation_keeps_old_connections() {
         .await
         .unwrap();
     assert_eq!(r.status.as_u16(), 200, "{r:?}");
-    let tls = tls_client(&certs, "8080", &["h2"])
+    let tls = frontend_peer(&certs, "8080", &["h2"])
         .connect(inbound)
         .await
         .unwrap();
@@ -970,15 +940,16 @@ async fn identity_rotation_keeps_old_connections() {
     let swapped = Instant::now();
     write_atomic(&key, &std::fs::read(next.key("payments")).unwrap());
     write_atomic(&crt, &std::fs::read(next.cert("payments")).unwrap());
-    let mut seen = String::new();
-    while Instant::now() < swapped + Duration::from_secs(2) {
-        let (_, s) = h1_over_tls(&certs, inbound).await;
-        seen = s;
+    let two_s = Duration::from_secs(2).saturating_sub(swapped.elapsed());
+    let (Ok(seen) | Err(seen)) = poll_until(two_s, PACE, async || {
+        let (_, seen) = h1_over_tls(&certs, inbound).await;
         if seen == new_serial {
-            break;
+            Ok(seen)
+        } else {
+            Err(seen)
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
     assert_eq!(
         seen,
         new_serial,
@@ -1219,28 +1190,28 @@ async fn catalog_reload_is_not_starved_by_a_busy_directory() {
     );
     let written = Instant::now();
     write_atomic(&client.catalog_path(), next.as_bytes());
-    let deadline = written + RELOAD_TIMEOUT;
-    let mut version = version0;
-    while Instant::now() < deadline {
-        version = catalog_version(&client).await;
+    let limit = RELOAD_TIMEOUT.saturating_sub(written.elapsed());
+    let reloaded = poll_until(limit, PACE, async || {
+        let version = catalog_version(&client).await;
         if version > version0 {
-            break;
+            Ok(())
+        } else {
+            Err(version)
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let _ = writer.await;
-    if version > version0 {
-        println!(
-            "busy directory: catalog reloaded after {:?}",
-            written.elapsed()
+    if let Err(version) = reloaded {
+        panic!(
+            "catalog rewrite not picked up within {RELOAD_TIMEOUT:?} while another file in its \
+             directory is written every 40 ms (version still {version}); stderr tail:\n{}",
+            client.stderr_tail(10)
         );
     }
-    assert!(
-        version > version0,
-        "catalog rewrite not picked up within {RELOAD_TIMEOUT:?} while another file in its \
-         directory is written every 40 ms (version still {version}); stderr tail:\n{}",
-        client.stderr_tail(10)
+    println!(
+        "busy directory: catalog reloaded after {:?}",
+        written.elapsed()
     );
     let dump = config_dump(&client).await;
     assert_eq!(
@@ -1326,16 +1297,12 @@ async fn becomes(
     inbound: SocketAddr,
     want: bool,
 ) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(2);
-    loop {
-        if accepted(client_ca, certs, inbound).await == want {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let two_s = Duration::from_secs(2);
+    poll_until(two_s, Duration::from_millis(50), async || {
+        holds(accepted(client_ca, certs, inbound).await == want)
+    })
+    .await
+    .is_ok()
 }
 
 /// A server's identity files in a directory of their own, as a mounted secret would be, starting
@@ -1509,20 +1476,21 @@ async fn certificates_and_their_expiry_follow_rotation() {
     write_atomic(&id.key, &std::fs::read(&key).unwrap());
     write_atomic(&id.crt, &std::fs::read(&crt).unwrap());
 
-    let deadline = Instant::now() + RELOAD_TIMEOUT;
-    let rotated = loop {
+    let rotated = poll_until(RELOAD_TIMEOUT, Duration::from_millis(50), async || {
         let view = proxy.admin_get("/certs").await.unwrap().json();
         let w = listed(view, "workload");
-        if w.first().is_some_and(|c| c["serial"] == "5eed") {
-            break w[0].clone();
+        match w.first() {
+            Some(c) if c["serial"] == "5eed" => Ok(c.clone()),
+            _ => Err(w),
         }
-        assert!(
-            Instant::now() < deadline,
+    })
+    .await;
+    let rotated = rotated.unwrap_or_else(|w| {
+        panic!(
             "/certs still shows {w:?}; stderr:\n{}",
             proxy.stderr_tail(20)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+        )
+    });
     assert_eq!(not_after(&rotated), not_after_of(&crt));
     let left = metric(&proxy, expiry, &["cert=\"workload\""]).await as i64;
     assert!(

@@ -7,7 +7,6 @@
 //! on loopback; the pods and catalogs are those of `crate::common::mesh`.
 
 use std::net::{IpAddr, SocketAddr};
-use std::time::{Duration, Instant};
 
 use crate::common::inbound::series_or_zero;
 use crate::common::mesh::*;
@@ -53,24 +52,16 @@ async fn pinned_san_mismatch_is_refused() {
 
     // Exactly one handshake reached the impostor: no retry onto the same endpoint.
     let inbound = ["listener=\"inbound\""];
-    let deadline = Instant::now() + LOG_TIMEOUT;
-    while metric(&s1, "aether_tls_handshakes_total", &inbound).await < 1.0 {
-        assert!(Instant::now() < deadline, "the impostor saw no handshake");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let handshakes = "aether_tls_handshakes_total";
+    // The impostor saw the handshake.
+    wait_metric(&s1, handshakes, &inbound, LOG_TIMEOUT, |v| v >= 1.0).await;
     let r = get_h1(out, "orders.aether.internal", "/control").await;
     assert_app_ok(&r, 8080, "control: the pod's own identity");
     assert_eq!(app.seen().len(), 1);
-    let deadline = Instant::now() + LOG_TIMEOUT;
-    while metric(&s1, "aether_tls_handshakes_total", &inbound).await < 2.0 {
-        assert!(
-            Instant::now() < deadline,
-            "the control handshake is missing"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // And the control's.
+    wait_metric(&s1, handshakes, &inbound, LOG_TIMEOUT, |v| v >= 2.0).await;
     assert_eq!(
-        metric(&s1, "aether_tls_handshakes_total", &inbound).await,
+        metric(&s1, handshakes, &inbound).await,
         2.0,
         "one handshake for the refused request, one for the control"
     );
@@ -168,11 +159,9 @@ async fn new_pin_from_a_catalog_reload_applies_to_pooled_connections() {
     let tmp = client.dir().join("catalog.yaml.tmp");
     std::fs::write(&tmp, cat(&certs.spiffe_id(ORDERS))).unwrap();
     std::fs::rename(&tmp, client.catalog_path()).unwrap();
-    let deadline = Instant::now() + LOG_TIMEOUT;
-    while metric(&client, "aether_catalog_reloads_total", &ok_reloads).await <= before {
-        assert!(Instant::now() < deadline, "the new catalog was not loaded");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // The new catalog was loaded.
+    let reloads = "aether_catalog_reloads_total";
+    wait_metric(&client, reloads, &ok_reloads, LOG_TIMEOUT, |v| v > before).await;
 
     let r = get_h1(out, SVC, "/after").await;
     assert_proxy_error(

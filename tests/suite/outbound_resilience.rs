@@ -76,28 +76,24 @@ async fn dead_endpoint_is_retried_onto_a_live_one() {
     assert_eq!(app.seen().len(), n, "every request reached the live app");
     // The access log names the live endpoint as the upstream of every one of them.
     let live_addr = live.inbound().to_string();
-    let deadline = Instant::now() + LOG_TIMEOUT;
-    loop {
+    let lines = eventually(LOG_TIMEOUT, "an access-log line per request", async || {
         let lines: Vec<_> = client
             .access_log()
             .into_iter()
             .filter(|l| l["path"].as_str().is_some_and(|p| p.starts_with("/r/")))
             .collect();
         if lines.len() == n {
-            for l in &lines {
-                assert_eq!(l["status"], 200, "{l}");
-                assert_eq!(l["upstream"].as_str(), Some(live_addr.as_str()), "{l}");
-                // The identity pinned on the upstream connection.
-                assert_eq!(l["peer_identity"].as_str(), Some(id.as_str()), "{l}");
-            }
-            break;
+            Ok(lines)
+        } else {
+            Err(format!("{} of {n} access-log lines", lines.len()))
         }
-        assert!(
-            Instant::now() < deadline,
-            "{} of {n} access-log lines",
-            lines.len()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    })
+    .await;
+    for l in &lines {
+        assert_eq!(l["status"], 200, "{l}");
+        assert_eq!(l["upstream"].as_str(), Some(live_addr.as_str()), "{l}");
+        // The identity pinned on the upstream connection.
+        assert_eq!(l["peer_identity"].as_str(), Some(id.as_str()), "{l}");
     }
 
     // Only dead endpoints.

@@ -136,24 +136,27 @@ async fn sds_identity_and_ads_over_a_unix_socket(server: crate::common::xds::Ser
     assert_ne!(new, old);
     cp.update(|f| f.set_identity(&certs, "frontend"));
     cp.wait_acked(&["default"], IO_TIMEOUT).await;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let mut seen;
-    loop {
-        let r = get_h1(out, SVC, "/rotated").await;
-        assert_app_ok(&r, 8080, "during the rotation");
-        seen = xfcc_hash(&r);
-        if seen == new {
-            break;
-        }
-        assert_eq!(seen, old, "an unknown leaf");
-        assert!(
-            Instant::now() < deadline,
-            "5 s after the rotation was ACKed the server still sees the old leaf (each request \
-             is its own connection: max_requests_per_connection 1); /config_dump identity: {}",
-            crate::common::live::config_dump(&client).await["config"]["identity"]
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let rotated = poll_until(
+        Duration::from_secs(5),
+        Duration::from_millis(50),
+        async || {
+            let r = get_h1(out, SVC, "/rotated").await;
+            assert_app_ok(&r, 8080, "during the rotation");
+            let seen = xfcc_hash(&r);
+            if seen == new {
+                return Ok(());
+            }
+            assert_eq!(seen, old, "an unknown leaf");
+            Err(())
+        },
+    )
+    .await;
+    assert!(
+        rotated.is_ok(),
+        "5 s after the rotation was ACKed the server still sees the old leaf (each request is \
+         its own connection: max_requests_per_connection 1); /config_dump identity: {}",
+        crate::common::live::config_dump(&client).await["config"]["identity"]
+    );
     for i in 0..3 {
         let r = get_h1(out, SVC, &format!("/after/{i}")).await;
         assert_eq!(xfcc_hash(&r), new, "every new connection uses the new leaf");

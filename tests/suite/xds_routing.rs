@@ -286,21 +286,25 @@ async fn absence_is_remembered_and_a_later_push_fills_it(server: crate::common::
                 .endpoint(Endpoint::new(p1.proxy_ip(), &[8080])),
         );
     });
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let r = get_h1(out, ghost, "/now").await;
-        if r.status.as_u16() == 200 {
-            assert_app_ok(&r, 8080, "after the push");
-            break;
-        }
-        assert_proxy_error(&r, 503, "unknown-service", "before the push lands");
-        assert!(
-            Instant::now() < deadline,
-            "the pushed service is still unknown after 5 s; {}",
-            cp.summary()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let pushed = poll_until(
+        Duration::from_secs(5),
+        Duration::from_millis(50),
+        async || {
+            let r = get_h1(out, ghost, "/now").await;
+            if r.status.as_u16() == 200 {
+                assert_app_ok(&r, 8080, "after the push");
+                return Ok(());
+            }
+            assert_proxy_error(&r, 503, "unknown-service", "before the push lands");
+            Err(())
+        },
+    )
+    .await;
+    assert!(
+        pushed.is_ok(),
+        "the pushed service is still unknown after 5 s; {}",
+        cp.summary()
+    );
     assert_eq!(app.seen().len(), 1);
     assert_eq!(client.pid(), pid, "same process");
     assert_eq!(
@@ -314,19 +318,21 @@ async fn absence_is_remembered_and_a_later_push_fills_it(server: crate::common::
     cp.update(|f| {
         f.services.remove("ghost");
     });
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let r = get_h1(out, ghost, "/gone").await;
-        if r.status.as_u16() == 503 {
-            assert_proxy_error(&r, 503, "unknown-service", "after the removal");
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the removed service still answers after 5 s: {r:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let r = eventually_every(
+        Duration::from_secs(5),
+        Duration::from_millis(50),
+        "the removed service gone",
+        async || {
+            let r = get_h1(out, ghost, "/gone").await;
+            if r.status.as_u16() == 503 {
+                Ok(r)
+            } else {
+                Err(format!("it still answers: {r:?}"))
+            }
+        },
+    )
+    .await;
+    assert_proxy_error(&r, 503, "unknown-service", "after the removal");
 }
 
 /// A name the control plane never answers: 503 `discovery-timeout` after `cluster_timeout`
@@ -398,20 +404,22 @@ async fn discovery_timeout_when_the_control_plane_holds_a_name(server: crate::co
         ("payments.aether.internal:9090", 9090),
         ("orders.aether.internal", 8080),
     ] {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let r = get_h1(out, authority, "/released").await;
-            if r.status.as_u16() == 200 {
-                assert_app_ok(&r, port, authority);
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{authority} after the release: {r:?} {}",
-                r.text()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let what = format!("{authority} answered after the release");
+        let r = eventually_every(
+            Duration::from_secs(5),
+            Duration::from_millis(50),
+            &what,
+            async || {
+                let r = get_h1(out, authority, "/released").await;
+                if r.status.as_u16() == 200 {
+                    Ok(r)
+                } else {
+                    Err(format!("{r:?} {}", r.text()))
+                }
+            },
+        )
+        .await;
+        assert_app_ok(&r, port, authority);
     }
 }
 
@@ -441,32 +449,36 @@ async fn idle_clusters_are_unsubscribed(server: crate::common::xds::Server) {
 
     // Keep the default Cluster busy (every 200 ms, well within idle: 2s); leave 9090 alone
     // until the control plane sees it unsubscribed and /clusters has dropped it.
-    let deadline = used + Duration::from_secs(8);
     let mut unsubscribed_after = None;
-    loop {
-        let r = get_h1(out, SVC, "/busy").await;
-        assert_app_ok(&r, 8080, "the default port, in use");
-        if unsubscribed_after.is_none() && cp.unsubscribes(p9090) >= 1 {
-            unsubscribed_after = Some(used.elapsed());
-        }
-        let cs = clusters(&client).await;
-        if unsubscribed_after.is_some() && !cs.iter().any(|c| c.0 == p9090) {
-            assert!(
-                cs.iter().any(|c| c.0 == SVC),
-                "the Cluster in use stays in /clusters: {cs:?}"
-            );
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
+    let left = poll_until(
+        Duration::from_secs(8).saturating_sub(used.elapsed()),
+        Duration::from_millis(200),
+        async || {
+            let r = get_h1(out, SVC, "/busy").await;
+            assert_app_ok(&r, 8080, "the default port, in use");
+            if unsubscribed_after.is_none() && cp.unsubscribes(p9090) >= 1 {
+                unsubscribed_after = Some(used.elapsed());
+            }
+            let cs = clusters(&client).await;
+            match unsubscribed_after {
+                Some(after) if !cs.iter().any(|c| c.0 == p9090) => Ok((after, cs)),
+                _ => Err(cs),
+            }
+        },
+    )
+    .await;
+    let (idle_for, cs) = left.unwrap_or_else(|cs| {
+        panic!(
             "9090 unused for {:?} with idle: 2s: unsubscribed after {unsubscribed_after:?}, \
              /clusters {cs:?}; {}",
             used.elapsed(),
             cp.summary()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let idle_for = unsubscribed_after.unwrap();
+        )
+    });
+    assert!(
+        cs.iter().any(|c| c.0 == SVC),
+        "the Cluster in use stays in /clusters: {cs:?}"
+    );
     assert!(
         idle_for >= Duration::from_millis(1900),
         "unsubscribed after only {idle_for:?} (idle: 2s)"

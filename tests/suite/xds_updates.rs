@@ -51,20 +51,13 @@ async fn wait_endpoints(
     what: &str,
     pred: impl Fn(&[(String, bool)]) -> bool,
 ) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let eps = endpoints_of(p, cluster).await;
-        if let Some(e) = &eps {
-            if pred(e) {
-                return;
-            }
+    eventually(Duration::from_secs(5), what, async || {
+        match endpoints_of(p, cluster).await {
+            Some(e) if pred(&e) => Ok(()),
+            eps => Err(format!("/clusters shows {cluster} as {eps:?}")),
         }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: /clusters shows {cluster} as {eps:?} after 5 s"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -355,24 +348,22 @@ async fn pushed_endpoint_and_identity_changes_apply_without_restart(
     // The pin changes to an identity pod 3 lacks: new requests fail, pooled connection or not.
     cp.update(|f| f.svc("payments").identity = certs.spiffe_id(ORDERS));
     cp.wait_acked(&[SVC], IO_TIMEOUT).await;
-    let deadline = Instant::now() + Duration::from_secs(1);
-    loop {
+    let one_s = Duration::from_secs(1);
+    let r = eventually(one_s, "the new pin refusing pod 3", async || {
         let r = get_h1(out, SVC, "/new-pin").await;
         if r.status.as_u16() == 503 {
-            assert_proxy_error(
-                &r,
-                503,
-                "upstream-identity-mismatch",
-                "after the pin change",
-            );
-            break;
+            Ok(r)
+        } else {
+            Err(format!("after the ACK, requests still reach pod 3: {r:?}"))
         }
-        assert!(
-            Instant::now() < deadline,
-            "1 s after the ACK of the new pin, requests still reach pod 3: {r:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
+    assert_proxy_error(
+        &r,
+        503,
+        "upstream-identity-mismatch",
+        "after the pin change",
+    );
     let seen = count().2;
     for _ in 0..3 {
         let r = get_h1(out, SVC, "/still-new-pin").await;
@@ -387,15 +378,15 @@ async fn pushed_endpoint_and_identity_changes_apply_without_restart(
     // And back.
     cp.update(|f| f.svc("payments").identity = certs.spiffe_id(PAYMENTS));
     cp.wait_acked(&[SVC], IO_TIMEOUT).await;
-    let deadline = Instant::now() + Duration::from_secs(1);
-    loop {
+    eventually(one_s, "the pin back", async || {
         let r = get_h1(out, SVC, "/old-pin").await;
         if r.status.as_u16() == 200 {
-            break;
+            Ok(())
+        } else {
+            Err(format!("{r:?}"))
         }
-        assert!(Instant::now() < deadline, "the pin back: {r:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
     assert_eq!(client.pid(), pid);
     assert_eq!(cp.ads_streams().len(), 1, "one stream throughout");
 }
@@ -440,12 +431,11 @@ async fn pushed_absences_on_live_clusters(server: crate::common::xds::Server) {
         status: u16,
         reason: &str,
     ) {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
+        let what = format!("{authority}: {reason} after the push");
+        let r = eventually(Duration::from_secs(5), &what, async || {
             let r = get_h1(out, authority, "/poll").await;
             if r.aether_error() == Some(reason) {
-                assert_proxy_error(&r, status, reason, authority);
-                return;
+                return Ok(r);
             }
             let interim = match before {
                 None => r.status.as_u16() == 200,
@@ -456,12 +446,10 @@ async fn pushed_absences_on_live_clusters(server: crate::common::xds::Server) {
                 "{authority}: waiting for {reason} (after {before:?}), got {r:?} {}",
                 r.text()
             );
-            assert!(
-                Instant::now() < deadline,
-                "{authority}: still {r:?} 5 s after the push (want {reason})"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+            Err(format!("still {r:?}"))
+        })
+        .await;
+        assert_proxy_error(&r, status, reason, authority);
     }
 
     // 9090 goes away.
@@ -578,14 +566,12 @@ async fn rollout(server: Server, ports_metadata: bool) {
     .await;
     load.wait_more(50, Duration::from_secs(5)).await;
     cp.update(|f| f.svc("payments").endpoints.push(v2(v2b)));
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while apps[3].1.seen().is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the second v2 pod got no 9091 request in 5 s"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let (five_s, pace) = (Duration::from_secs(5), Duration::from_millis(10));
+    let second = "a 9091 request at the second v2 pod";
+    eventually_every(five_s, pace, second, async || {
+        holds(!apps[3].1.seen().is_empty())
+    })
+    .await;
     load.wait_more(50, Duration::from_secs(5)).await;
     cp.update(|f| f.svc("payments").remove_endpoint(v1a.proxy_ip()));
     load.wait_more(50, Duration::from_secs(5)).await;
@@ -698,15 +684,13 @@ async fn control_plane_restart_loses_no_traffic(server: crate::common::xds::Serv
         v == 1.0
     })
     .await;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while a2.seen().is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the endpoint added while the control plane was away gets no traffic; {}",
-            cp.summary()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let (five_s, pace) = (Duration::from_secs(5), Duration::from_millis(10));
+    let served = poll_until(five_s, pace, async || holds(!a2.seen().is_empty())).await;
+    assert!(
+        served.is_ok(),
+        "the endpoint added while the control plane was away gets no traffic; {}",
+        cp.summary()
+    );
     load.wait_more(10, Duration::from_secs(5)).await;
     let results = load.stop().await;
     println!(

@@ -38,6 +38,15 @@ pub async fn poll_until<T, E>(
     }
 }
 
+/// A probe's answer when it only says yes or no: `Ok(())` when `cond` holds.
+pub fn holds(cond: bool) -> Result<(), String> {
+    if cond {
+        Ok(())
+    } else {
+        Err(String::new())
+    }
+}
+
 /// [`poll_until`] every [`PACE`]; panics with `"{what}: not within {limit:?}: {last Err}"`.
 pub async fn eventually<T>(
     limit: Duration,

@@ -55,8 +55,8 @@ pub use server::Listen;
 pub use state::{Api, NodeInfo, Request, Response, StreamRecord};
 
 use super::{
-    empty, eventually_every, get, poll_until, tcp_connect, Certs, HttpClient, Net, PodNet, Proxy,
-    Reply, PACE,
+    empty, eventually_every, get, holds, poll_until, tcp_connect, Certs, HttpClient, Net, PodNet,
+    Proxy, Reply, PACE,
 };
 use resources::{pack, version_of, Key, Res};
 use state::State;
@@ -545,7 +545,7 @@ impl ControlPlane {
         what: &str,
         pred: impl Fn(&ControlPlane) -> bool,
     ) {
-        let seen = poll_until(limit, PACE, async || pred(self).then_some(()).ok_or(())).await;
+        let seen = poll_until(limit, PACE, async || holds(pred(self))).await;
         assert!(
             seen.is_ok(),
             "{what}: not seen by the control plane after {limit:?}; streams:\n{}",
@@ -759,8 +759,7 @@ impl Load {
     /// Waits until some outcome satisfies `pred`.
     pub async fn wait_for(&self, limit: Duration, what: &str, pred: impl Fn(&Outcome) -> bool) {
         let seen = poll_until(limit, Duration::from_millis(10), async || {
-            let seen = self.results.lock().unwrap().iter().any(|(_, o)| pred(o));
-            seen.then_some(()).ok_or(())
+            holds(self.results.lock().unwrap().iter().any(|(_, o)| pred(o)))
         })
         .await;
         assert!(
