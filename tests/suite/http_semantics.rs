@@ -1307,6 +1307,25 @@ async fn payments_and_client(
     (server, client_proxy(certs, client_pod, &cat, "").await)
 }
 
+/// The pods of the table tests: on the server pod an `auto` app on 8080 and a [`WireApp`] on
+/// 8081 (`http1`) behind its sidecar, and the client pod's sidecar, whose catalog lists both
+/// ports: (app, wire, server, client).
+async fn table_pods(
+    certs: &Certs,
+    client_pod: PodNet,
+    server_pod: PodNet,
+) -> (HttpApp, WireApp, Proxy, Proxy) {
+    let app = HttpApp::auto(server_pod.app(8080)).await;
+    let wire = WireApp::start(server_pod.app(8081)).await;
+    let ports = [
+        "{ port: 8080, protocol: auto }",
+        "{ port: 8081, protocol: http1 }",
+    ];
+    let (server, client) =
+        payments_and_client(certs, client_pod, server_pod, &ports, &[8080, 8081]).await;
+    (app, wire, server, client)
+}
+
 /// Sends `case` on `s` (a fresh connection to `host`'s side) and checks the answer.
 async fn run_case<S>(s: &mut S, host: &str, case: &Case, side: &str)
 where
@@ -1360,19 +1379,7 @@ async fn the_framing_table_on_both_sidecars() {
     let net = Net::fresh();
     let (client_pod, server_pod) = (net.pod(0), net.pod(1));
     let certs = certs();
-    let app = HttpApp::auto(server_pod.app(8080)).await;
-    let wire = WireApp::start(server_pod.app(8081)).await;
-    let (_server, _client) = payments_and_client(
-        &certs,
-        client_pod,
-        server_pod,
-        &[
-            "{ port: 8080, protocol: auto }",
-            "{ port: 8081, protocol: http1 }",
-        ],
-        &[8080, 8081],
-    )
-    .await;
+    let (app, wire, _server, _client) = table_pods(&certs, client_pod, server_pod).await;
     let host = format!("{SVC}:8081");
     // An h2 GET with DATA keeps its body, to an h2 app and to an HTTP/1.1 one.
     for port in [8080, 8081] {
@@ -1714,19 +1721,7 @@ async fn the_h2_field_rules_on_both_sidecars() {
     // The server sidecar takes HTTP/2 only on `auto` and `h2` ports, and passes it on as
     // HTTP/2: its app records the fields in arrival order. Through the client sidecar the
     // same rows reach an HTTP/1.1 app, which records the bytes.
-    let app = HttpApp::auto(server_pod.app(8080)).await;
-    let wire = WireApp::start(server_pod.app(8081)).await;
-    let (_server, _client) = payments_and_client(
-        &certs,
-        client_pod,
-        server_pod,
-        &[
-            "{ port: 8080, protocol: auto }",
-            "{ port: 8081, protocol: http1 }",
-        ],
-        &[8080, 8081],
-    )
-    .await;
+    let (app, wire, _server, _client) = table_pods(&certs, client_pod, server_pod).await;
     let host = format!("{SVC}:8081");
     let tls = TlsClient::with_identity(&certs, "frontend")
         .sni(Some("8080"))

@@ -18,32 +18,47 @@ use tokio::net::{TcpSocket, TcpStream};
 // SAN pinning
 // ---------------------------------------------------------------------------------------------
 
+/// Pod 1 runs the `orders` identity while the catalog lists it for both `payments` (pinned to
+/// the payments identity) and `orders`, 8080 each.
+struct ImpostorPod {
+    _certs: Certs,
+    app: HttpApp,
+    server: Proxy,
+    client: Proxy,
+    out: SocketAddr,
+}
+
+impl ImpostorPod {
+    async fn start() -> ImpostorPod {
+        let net = Net::fresh();
+        let (client_pod, p1) = (net.pod(0), net.pod(1));
+        let certs = certs();
+        let app = HttpApp::auto(p1.app(8080)).await;
+        let server = server_proxy(&certs, p1, "orders", &["{ port: 8080, protocol: auto }"]).await;
+        let eps = [endpoint(p1.proxy_ip(), &[8080])];
+        let cat = catalog(&[
+            service("payments", &certs.spiffe_id(PAYMENTS), "", &eps),
+            service("orders", &certs.spiffe_id(ORDERS), "", &eps),
+        ]);
+        let client = client_proxy(&certs, client_pod, &cat, "").await;
+        let out = client_pod.outbound();
+        ImpostorPod {
+            _certs: certs,
+            app,
+            server,
+            client,
+            out,
+        }
+    }
+}
+
 /// Pod 1's proxy presents the `orders` identity while the catalog pins `payments` to it: the
 /// request fails with `upstream-identity-mismatch`, the app sees nothing and the endpoint is
 /// not tried again. Control: the catalog's `orders` service on the same pod works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pinned_san_mismatch_is_refused() {
-    let net = Net::fresh();
-    let (client_pod, p1) = (net.pod(0), net.pod(1));
-    let certs = certs();
-    let app = HttpApp::auto(p1.app(8080)).await;
-    let s1 = server_proxy(&certs, p1, "orders", &["{ port: 8080, protocol: auto }"]).await;
-    let cat = catalog(&[
-        service(
-            "payments",
-            &certs.spiffe_id(PAYMENTS),
-            "",
-            &[endpoint(p1.proxy_ip(), &[8080])],
-        ),
-        service(
-            "orders",
-            &certs.spiffe_id(ORDERS),
-            "",
-            &[endpoint(p1.proxy_ip(), &[8080])],
-        ),
-    ]);
-    let client = client_proxy(&certs, client_pod, &cat, "").await;
-    let out = client_pod.outbound();
+    let pod = ImpostorPod::start().await;
+    let (app, s1, client, out) = (&pod.app, &pod.server, &pod.client, pod.out);
 
     let r = get_h1(out, SVC, "/pinned").await;
     assert_proxy_error(&r, 503, "upstream-identity-mismatch", "impostor");
@@ -54,18 +69,18 @@ async fn pinned_san_mismatch_is_refused() {
     let inbound = ["listener=\"inbound\""];
     let handshakes = "aether_tls_handshakes_total";
     // The impostor saw the handshake.
-    wait_metric(&s1, handshakes, &inbound, LOG_TIMEOUT, |v| v >= 1.0).await;
+    wait_metric(s1, handshakes, &inbound, LOG_TIMEOUT, |v| v >= 1.0).await;
     let r = get_h1(out, "orders.aether.internal", "/control").await;
     assert_app_ok(&r, 8080, "control: the pod's own identity");
     assert_eq!(app.seen().len(), 1);
     // And the control's.
-    wait_metric(&s1, handshakes, &inbound, LOG_TIMEOUT, |v| v >= 2.0).await;
+    wait_metric(s1, handshakes, &inbound, LOG_TIMEOUT, |v| v >= 2.0).await;
     assert_eq!(
-        metric(&s1, handshakes, &inbound).await,
+        metric(s1, handshakes, &inbound).await,
         2.0,
         "one handshake for the refused request, one for the control"
     );
-    let cs = clusters(&client).await;
+    let cs = clusters(client).await;
     assert!(cs.iter().any(|c| c.0 == SVC), "{cs:?}");
 }
 
@@ -74,27 +89,8 @@ async fn pinned_san_mismatch_is_refused() {
 /// because both services list the same endpoint, SNI port and protocol.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pooled_connection_does_not_bypass_the_pin() {
-    let net = Net::fresh();
-    let (client_pod, p1) = (net.pod(0), net.pod(1));
-    let certs = certs();
-    let app = HttpApp::auto(p1.app(8080)).await;
-    let _s1 = server_proxy(&certs, p1, "orders", &["{ port: 8080, protocol: auto }"]).await;
-    let cat = catalog(&[
-        service(
-            "payments",
-            &certs.spiffe_id(PAYMENTS),
-            "",
-            &[endpoint(p1.proxy_ip(), &[8080])],
-        ),
-        service(
-            "orders",
-            &certs.spiffe_id(ORDERS),
-            "",
-            &[endpoint(p1.proxy_ip(), &[8080])],
-        ),
-    ]);
-    let _client = client_proxy(&certs, client_pod, &cat, "").await;
-    let out = client_pod.outbound();
+    let pod = ImpostorPod::start().await;
+    let (app, out) = (&pod.app, pod.out);
 
     // `orders` first: its upstream connection (pod 1, SNI 8080, h1) goes back to the pool.
     let mut c = h1_to(out).await;
@@ -125,7 +121,7 @@ async fn pooled_connection_does_not_bypass_the_pin() {
         "payments, new caller",
     );
     assert_eq!(
-        paths(&app),
+        paths(app),
         vec!["/orders".to_string()],
         "a payments request reached a pod that is not payments"
     );

@@ -183,14 +183,8 @@ async fn concurrent_first_requests_share_one_subscription(server: crate::common:
     let net = Net::fresh();
     let (client_pod, p1) = (net.pod(0), net.pod(1));
     let certs = certs();
-    let a8080 = HttpApp::auto(p1.app(8080)).await;
-    let a9090 = HttpApp::auto(p1.app(9090)).await;
-    let _s1 = server_proxy(&certs, p1, "payments", &AUTO_8080_9090).await;
-    let fx = Fixture::new().service(
-        "payments",
-        Service::new(&certs.spiffe_id(PAYMENTS))
-            .endpoint(Endpoint::new(p1.proxy_ip(), &[8080, 9090])),
-    );
+    let s1 = PaymentsPod::start(&certs, p1).await;
+    let fx = Fixture::new().service("payments", s1.service(&certs, PAYMENTS));
     let cp = ControlPlane::start(server, Listen::Tcp(cp_addr(&net)), fx).await;
     let _client = xds_client(&certs, client_pod, &cp.address(), &[], "").await;
     let out = client_pod.outbound();
@@ -224,7 +218,7 @@ async fn concurrent_first_requests_share_one_subscription(server: crate::common:
         };
         assert_app_ok(&r, port, &authority);
     }
-    assert_eq!((a8080.seen().len(), a9090.seen().len()), (25, 25));
+    assert_eq!((s1.app8080.seen().len(), s1.app9090.seen().len()), (25, 25));
     for name in [
         SVC,
         "payments.aether.internal:9090",
@@ -342,12 +336,8 @@ async fn discovery_timeout_when_the_control_plane_holds_a_name(server: crate::co
     let net = Net::fresh();
     let (client_pod, p1) = (net.pod(0), net.pod(1));
     let certs = certs();
-    let _a8080 = HttpApp::auto(p1.app(8080)).await;
-    let _a9090 = HttpApp::auto(p1.app(9090)).await;
-    let _s1 = server_proxy(&certs, p1, "payments", &AUTO_8080_9090).await;
-    let svc = |id: &str| {
-        Service::new(&certs.spiffe_id(id)).endpoint(Endpoint::new(p1.proxy_ip(), &[8080, 9090]))
-    };
+    let s1 = PaymentsPod::start(&certs, p1).await;
+    let svc = |id: &str| s1.service(&certs, id);
     let fx = Fixture::new()
         .service("slow", svc(PAYMENTS))
         .service("payments", svc(PAYMENTS))
@@ -429,14 +419,8 @@ async fn idle_clusters_are_unsubscribed(server: crate::common::xds::Server) {
     let net = Net::fresh();
     let (client_pod, p1) = (net.pod(0), net.pod(1));
     let certs = certs();
-    let _a8080 = HttpApp::auto(p1.app(8080)).await;
-    let a9090 = HttpApp::auto(p1.app(9090)).await;
-    let _s1 = server_proxy(&certs, p1, "payments", &AUTO_8080_9090).await;
-    let fx = Fixture::new().service(
-        "payments",
-        Service::new(&certs.spiffe_id(PAYMENTS))
-            .endpoint(Endpoint::new(p1.proxy_ip(), &[8080, 9090])),
-    );
+    let s1 = PaymentsPod::start(&certs, p1).await;
+    let fx = Fixture::new().service("payments", s1.service(&certs, PAYMENTS));
     let cp = ControlPlane::start(server, Listen::Tcp(cp_addr(&net)), fx).await;
     let client = xds_client(&certs, client_pod, &cp.address(), &["idle: 2s"], "").await;
     let out = client_pod.outbound();
@@ -494,7 +478,7 @@ async fn idle_clusters_are_unsubscribed(server: crate::common::xds::Server) {
     let r = get_h1(out, p9090, "/again").await;
     assert_app_ok(&r, 9090, "after the idle unsubscribe");
     assert_eq!(cp.subscribes(p9090), 2, "{}", cp.summary());
-    assert_eq!(a9090.seen().len(), 2);
+    assert_eq!(s1.app9090.seen().len(), 2);
 }
 
 /// The first request on the stream names the node (id, cluster from the config, locality,
@@ -504,14 +488,8 @@ async fn node_identification_and_acks(server: crate::common::xds::Server) {
     let net = Net::fresh();
     let (client_pod, p1, other_pod) = (net.pod(0), net.pod(1), net.pod(2));
     let certs = certs();
-    let _a8080 = HttpApp::auto(p1.app(8080)).await;
-    let _a9090 = HttpApp::auto(p1.app(9090)).await;
-    let _s1 = server_proxy(&certs, p1, "payments", &AUTO_8080_9090).await;
-    let fx = Fixture::new().service(
-        "payments",
-        Service::new(&certs.spiffe_id(PAYMENTS))
-            .endpoint(Endpoint::new(p1.proxy_ip(), &[8080, 9090])),
-    );
+    let s1 = PaymentsPod::start(&certs, p1).await;
+    let fx = Fixture::new().service("payments", s1.service(&certs, PAYMENTS));
     let cp = ControlPlane::start(server, Listen::Tcp(cp_addr(&net)), fx).await;
     let node_id = format!("sidecar~{}~frontend-7d9f.default", client_pod.proxy_ip());
     let _client = xds_client(

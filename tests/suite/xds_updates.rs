@@ -13,11 +13,6 @@ use crate::common::xds::*;
 use crate::common::*;
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 
-const AUTO_8080_9090: [&str; 2] = [
-    "{ port: 8080, protocol: auto }",
-    "{ port: 9090, protocol: auto }",
-];
-
 /// `/clusters` of a proxy: cluster name -> (endpoint address, draining), sorted.
 async fn endpoints_of(p: &Proxy, cluster: &str) -> Option<Vec<(String, bool)>> {
     let r = p.admin_get("/clusters").await.unwrap();
@@ -73,14 +68,8 @@ async fn invalid_clusters_are_nacked_and_the_last_good_one_stays(
     let net = Net::fresh();
     let (client_pod, p1) = (net.pod(0), net.pod(1));
     let certs = certs();
-    let a8080 = HttpApp::auto(p1.app(8080)).await;
-    let a9090 = HttpApp::auto(p1.app(9090)).await;
-    let _s1 = server_proxy(&certs, p1, "payments", &AUTO_8080_9090).await;
-    let fx = Fixture::new().service(
-        "payments",
-        Service::new(&certs.spiffe_id(PAYMENTS))
-            .endpoint(Endpoint::new(p1.proxy_ip(), &[8080, 9090])),
-    );
+    let s1 = PaymentsPod::start(&certs, p1).await;
+    let fx = Fixture::new().service("payments", s1.service(&certs, PAYMENTS));
     let cp = ControlPlane::start(server, Listen::Tcp(cp_addr(&net)), fx).await;
     let client = xds_client(&certs, client_pod, &cp.address(), &[], "").await;
     let out = client_pod.outbound();
@@ -208,9 +197,9 @@ async fn invalid_clusters_are_nacked_and_the_last_good_one_stays(
         cp.clear_invalid(name);
         cp.wait_acked(&[name], IO_TIMEOUT).await;
     }
-    assert_eq!(a9090.seen().len(), 26);
+    assert_eq!(s1.app9090.seen().len(), 26);
     assert_eq!(
-        a8080.seen().len(),
+        s1.app8080.seen().len(),
         0,
         "nothing fell back to the default chain"
     );
@@ -399,13 +388,8 @@ async fn pushed_absences_on_live_clusters(server: crate::common::xds::Server) {
     let net = Net::fresh();
     let (client_pod, p1) = (net.pod(0), net.pod(1));
     let certs = certs();
-    let _a8080 = HttpApp::auto(p1.app(8080)).await;
-    let _a9090 = HttpApp::auto(p1.app(9090)).await;
-    let _s1 = server_proxy(&certs, p1, "payments", &AUTO_8080_9090).await;
-    let svc = || {
-        Service::new(&certs.spiffe_id(PAYMENTS))
-            .endpoint(Endpoint::new(p1.proxy_ip(), &[8080, 9090]))
-    };
+    let s1 = PaymentsPod::start(&certs, p1).await;
+    let svc = || s1.service(&certs, PAYMENTS);
     let fx = Fixture::new()
         .service("payments", svc())
         .service("orders", svc().without_ports_metadata());

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use http::StatusCode;
 
-use super::{http_get, poll_until, READY_TIMEOUT};
+use super::{eprint_tail, http_get, poll_until, READY_TIMEOUT};
 
 /// The Envoy release the mesh runs; the test insists on it.
 pub const ENVOY_VERSION: &str = "1.40";
@@ -328,16 +328,7 @@ impl Drop for Envoy {
             let _ = c.wait();
         }
         if std::thread::panicking() {
-            let log = self.log();
-            let tail: Vec<&str> = log.lines().rev().take(80).collect();
-            eprintln!(
-                "---- envoy log (last {} lines, {}) ----",
-                tail.len(),
-                self.dir.path().display()
-            );
-            for l in tail.iter().rev() {
-                eprintln!("{l}");
-            }
+            eprint_tail("envoy log", self.dir.path(), &self.log(), 80);
             eprintln!("---- envoy access log ----");
             for l in self.access_log() {
                 eprintln!("{l}");

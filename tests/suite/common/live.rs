@@ -262,19 +262,12 @@ impl LoadGen {
                     while !stop.load(Ordering::SeqCst) {
                         let started = Instant::now();
                         if client.is_none() {
-                            match tcp_connect(outbound).await {
-                                Ok(tcp) => match HttpClient::h1(tcp).await {
-                                    Ok(c) => client = Some(c),
-                                    Err(e) => {
-                                        shots.lock().unwrap().push(Shot {
-                                            target: label,
-                                            started,
-                                            result: Err(format!("connect: {e}")),
-                                        });
-                                        tokio::time::sleep(pace).await;
-                                        continue;
-                                    }
-                                },
+                            let connected = match tcp_connect(outbound).await {
+                                Ok(tcp) => HttpClient::h1(tcp).await,
+                                Err(e) => Err(e),
+                            };
+                            match connected {
+                                Ok(c) => client = Some(c),
                                 Err(e) => {
                                     shots.lock().unwrap().push(Shot {
                                         target: label,

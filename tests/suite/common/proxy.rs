@@ -12,6 +12,26 @@ use http_body_util::Full;
 
 use super::{http_get, poll_until, tcp_connect, HttpClient, Reply, BIN, PACE, READY_TIMEOUT};
 
+/// The last `n` lines of `text`.
+fn last_lines(text: &str, n: usize) -> Vec<&str> {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].to_vec()
+}
+
+/// Prints the last `n` lines of a process's `log` (kept in `dir`) under a header, for a test
+/// that failed.
+pub fn eprint_tail(what: &str, dir: &Path, log: &str, n: usize) {
+    let tail = last_lines(log, n);
+    eprintln!(
+        "---- {what} (last {} lines, {}) ----",
+        tail.len(),
+        dir.display()
+    );
+    for l in tail {
+        eprintln!("{l}");
+    }
+}
+
 /// Resident memory (VmRSS) of process `pid` in KiB; `None` once the process is gone.
 pub fn rss_kib_of(pid: u32) -> Option<u64> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -293,9 +313,7 @@ impl Proxy {
 
     /// The last `n` lines the proxy wrote to stderr.
     pub fn stderr_tail(&self, n: usize) -> String {
-        let err = self.stderr();
-        let lines: Vec<&str> = err.lines().collect();
-        lines[lines.len().saturating_sub(n)..].join("\n")
+        last_lines(&self.stderr(), n).join("\n")
     }
 
     /// Sends a signal (e.g. `libc::SIGTERM`) to the process.
@@ -333,16 +351,7 @@ impl Drop for Proxy {
             let _ = c.wait();
         }
         if std::thread::panicking() {
-            let err = self.stderr();
-            let tail: Vec<&str> = err.lines().rev().take(60).collect();
-            eprintln!(
-                "---- aether-proxy stderr (last {} lines, {}) ----",
-                tail.len(),
-                self.dir.path().display()
-            );
-            for l in tail.iter().rev() {
-                eprintln!("{l}");
-            }
+            eprint_tail("aether-proxy stderr", self.dir.path(), &self.stderr(), 60);
         }
     }
 }

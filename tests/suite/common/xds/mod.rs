@@ -55,8 +55,8 @@ pub use server::Listen;
 pub use state::{Api, NodeInfo, Request, Response, StreamRecord};
 
 use super::{
-    empty, eventually_every, get, holds, poll_until, tcp_connect, Certs, HttpClient, Net, PodNet,
-    Proxy, Reply, PACE,
+    empty, eventually_every, get, holds, poll_until, tcp_connect, Certs, HttpApp, HttpClient, Net,
+    PodNet, Proxy, Reply, PACE,
 };
 use resources::{pack, version_of, Key, Res};
 use state::State;
@@ -576,6 +576,38 @@ fn short(type_url: &str) -> &str {
 // ---------------------------------------------------------------------------------------------
 // Proxy configs of xDS-fed pods
 // ---------------------------------------------------------------------------------------------
+
+/// The server pod most xDS tests route to: `payments`' proxy with an app on 8080 and one on
+/// 9090, both `auto`.
+pub struct PaymentsPod {
+    pub app8080: HttpApp,
+    pub app9090: HttpApp,
+    _proxy: Proxy,
+    ip: std::net::IpAddr,
+}
+
+impl PaymentsPod {
+    pub async fn start(certs: &Certs, pod: PodNet) -> PaymentsPod {
+        let app8080 = HttpApp::auto(pod.app(8080)).await;
+        let app9090 = HttpApp::auto(pod.app(9090)).await;
+        let ports = [
+            "{ port: 8080, protocol: auto }",
+            "{ port: 9090, protocol: auto }",
+        ];
+        let proxy = super::mesh::server_proxy(certs, pod, "payments", &ports).await;
+        PaymentsPod {
+            app8080,
+            app9090,
+            _proxy: proxy,
+            ip: pod.proxy_ip(),
+        }
+    }
+
+    /// A service pinned to `identity` whose one endpoint is this pod, on 8080 and 9090.
+    pub fn service(&self, certs: &Certs, identity: &str) -> Service {
+        Service::new(&certs.spiffe_id(identity)).endpoint(Endpoint::new(self.ip, &[8080, 9090]))
+    }
+}
 
 /// The config of a client pod fed by xDS: identity from files (`stem`), the pod's listeners,
 /// `discovery.xds` with `address`, `cluster_timeout: 2s` and the lines of `xds_extra` (each
