@@ -44,6 +44,13 @@
 //!   CONNECT tunnels; [`http_get`] for admin endpoints.
 //! * `tcp`: [`tcp_connect`] and [`read_to_end_within`] for raw streams;
 //!   [`LoopbackSegments`], the TCP segments one address sends (a packet socket, root only).
+//! * `wait`: [`eventually`], the one poll loop: a probe (an async closure answering `Ok` once
+//!   what it waits for holds, `Err(what it saw)` until then) asked every 20 ms until a limit,
+//!   then a panic with the last `Err`; [`eventually_every`] at another pace; [`poll_until`]
+//!   hands the last `Err` back instead of panicking; [`holds`] for yes-or-no probes. Every
+//!   "wait until" in the harness and the tests goes through it: no hand-written deadline loop.
+//! * `metrics`: [`metric`] (the sum of a metric's samples whose labels contain the given pairs)
+//!   and [`wait_metric`] (until a predicate holds for it) on a proxy's `/metrics`.
 //!
 //! Helpers of one group of tests live in their own module, which is not re-exported:
 //!
@@ -58,12 +65,13 @@
 //! * `envoy`: a real Envoy 1.40 as a client pod fed by the `xds` control plane, for
 //!   `tests/envoy_interop.rs` (`use common::envoy::*;`).
 //! * `xds`: a control plane (delta ADS and SDS from Envoy's v3 types) fed by a catalog-shaped
-//!   fixture, recording what clients send, for the xDS tests `tests/xds_*.rs`
-//!   (`use common::xds::*;`).
+//!   fixture, recording what clients send, and `PaymentsPod`, the server pod most of them
+//!   route to, for the xDS tests `tests/xds_*.rs` (`use common::xds::*;`).
 //!
 //! # Time bounds
 //!
 //! Every network wait in here is bounded ([`IO_TIMEOUT`], [`READY_TIMEOUT`]); nothing can hang CI.
+//! A test that waits for something to happen says so with [`eventually`] and its own limit.
 //! Processes and servers are stopped when their handle is dropped.
 
 mod apps;
