@@ -627,23 +627,22 @@ impl Prometheus {
             dir,
             addr,
         };
-        let deadline = Instant::now() + READY_TIMEOUT;
-        loop {
-            if let Some(status) = p.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("prometheus exited ({status}):\n{}", p.log());
-            }
-            if let Ok(r) = http_get(addr, "/-/ready").await {
-                if r.status.as_u16() == 200 {
-                    return p;
+        eventually_every(
+            READY_TIMEOUT,
+            Duration::from_millis(100),
+            "prometheus ready",
+            async || {
+                if let Some(status) = p.child.as_mut().unwrap().try_wait().unwrap() {
+                    panic!("prometheus exited ({status}):\n{}", p.log());
                 }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "prometheus not ready after {READY_TIMEOUT:?}:\n{}",
-                p.log()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+                match http_get(addr, "/-/ready").await {
+                    Ok(r) if r.status.as_u16() == 200 => Ok(()),
+                    other => Err(format!("{other:?}:\n{}", p.log())),
+                }
+            },
+        )
+        .await;
+        p
     }
 
     fn log(&self) -> String {
@@ -711,8 +710,8 @@ impl Prometheus {
         what: &str,
         pred: impl Fn(&BTreeSet<String>) -> bool,
     ) -> BTreeSet<String> {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
+        let limit = Duration::from_secs(20);
+        eventually_every(limit, Duration::from_millis(250), what, async || {
             let all = self.alerts().await;
             let got: BTreeSet<String> = all
                 .iter()
@@ -720,14 +719,12 @@ impl Prometheus {
                 .map(|(_, _, l)| l[label].as_str().unwrap_or_default().to_string())
                 .collect();
             if pred(&got) {
-                return got;
+                Ok(got)
+            } else {
+                Err(format!("{name} is active for {got:?}; all alerts: {all:?}"))
             }
-            assert!(
-                Instant::now() < deadline,
-                "{what}: {name} is active for {got:?} after 20 s; all alerts: {all:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+        })
+        .await
     }
 }
 
@@ -875,25 +872,24 @@ async fn prometheus_answers_every_panel_and_rule_from_live_sidecars() {
     let prom = Prometheus::start(SocketAddr::new(net.pod(14).proxy_ip(), 19090), &pods).await;
 
     // Every sidecar scraped before the traffic, so counters are seen growing.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let data = prom.api("/api/v1/targets").await.unwrap();
-        let up: BTreeSet<String> = data["activeTargets"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|t| t["health"] == "up")
-            .map(|t| t["labels"]["instance"].as_str().unwrap().to_string())
-            .collect();
-        if up == instances {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "targets up: {up:?} of {instances:?}: {data}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let every = Duration::from_millis(200);
+    eventually_every(
+        Duration::from_secs(30),
+        every,
+        "every target up",
+        async || {
+            let data = prom.api("/api/v1/targets").await.unwrap();
+            let up: BTreeSet<String> = data["activeTargets"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|t| t["health"] == "up")
+                .map(|t| t["labels"]["instance"].as_str().unwrap().to_string())
+                .collect();
+            holds(up == instances).map_err(|_| format!("up: {up:?} of {instances:?}: {data}"))
+        },
+    )
+    .await;
 
     // Traffic of every kind through the client pod.
     let out = client_pod.outbound();
@@ -982,26 +978,26 @@ async fn prometheus_answers_every_panel_and_rule_from_live_sidecars() {
     }
 
     // Requests until the gone pod is ejected (its connect failures retried on the live pod).
-    let deadline = Instant::now() + Duration::from_secs(15);
     let mut sent = 0;
-    while metric_sum(
-        &client,
-        "aether_outlier_ejections_total",
-        &["service=\"payments\""],
+    let ejected = "the gone pod ejected";
+    eventually_every(
+        Duration::from_secs(15),
+        Duration::ZERO,
+        ejected,
+        async || {
+            let labels = ["service=\"payments\""];
+            if metric(&client, "aether_outlier_ejections_total", &labels).await >= 1.0 {
+                return Ok(());
+            }
+            let r = get_h1(out, SVC, &format!("/eject/{sent}")).await;
+            assert_app_ok(&r, 8080, "retried on the live pod");
+            sent += 1;
+            Err(format!("not after {sent} requests"))
+        },
     )
-    .await
-        < 1.0
-    {
-        let r = get_h1(out, SVC, &format!("/eject/{sent}")).await;
-        assert_app_ok(&r, 8080, "retried on the live pod");
-        sent += 1;
-        assert!(
-            Instant::now() < deadline,
-            "the gone pod is not ejected after {sent} requests"
-        );
-    }
+    .await;
     assert!(
-        metric_sum(
+        metric(
             &client,
             "aether_retries_total",
             &["reason=\"connect-failure\""]
@@ -1026,8 +1022,9 @@ async fn prometheus_answers_every_panel_and_rule_from_live_sidecars() {
         cp.wait_until(IO_TIMEOUT, "a NACK", |cp| cp.nacks().len() > before)
             .await;
         let want = (round + 1) as f64;
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
+        let every = Duration::from_millis(200);
+        let what = format!("Prometheus scraped NACK {want}");
+        eventually_every(Duration::from_secs(15), every, &what, async || {
             let got = prom
                 .query(&format!(
                     "aether_xds_updates_total{{result=\"nack\", instance=\"{}\"}}",
@@ -1039,15 +1036,9 @@ async fn prometheus_answers_every_panel_and_rule_from_live_sidecars() {
                 .first()
                 .and_then(|s| s["value"][1].as_str()?.parse().ok())
                 .unwrap_or(0.0);
-            if v >= want {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "Prometheus never scraped NACK {want}: {got:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+            holds(v >= want).map_err(|_| format!("{got:?}"))
+        })
+        .await;
         cp.clear_invalid(SVC);
         cp.wait_acked(&[SVC], IO_TIMEOUT).await;
     }
