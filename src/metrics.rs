@@ -125,6 +125,8 @@ pub struct Metrics {
     pub identity_reloads: Family<ResultLabels, Counter>,
     /// 1 while the ADS stream is up.
     pub xds_connected: Gauge,
+    /// The process's resident set, set when scraped.
+    pub resident_memory: Gauge,
     pub xds_updates: Family<XdsUpdateLabels, Counter>,
     pub overflows: Family<OverflowLabels, Counter>,
     pub retries: Family<RetryLabels, Counter>,
@@ -229,6 +231,12 @@ impl Metrics {
             dns_overloaded.clone(),
         );
         let certificate_expiry = Family::<CertLabels, Gauge>::default();
+        let resident_memory = Gauge::default();
+        registry.register(
+            "aether_process_resident_memory_bytes",
+            "Resident memory of the proxy process (RSS), read when scraped",
+            resident_memory.clone(),
+        );
         let trace_spans_exported = Counter::default();
         let trace_spans_dropped = Counter::default();
         registry.register(
@@ -396,6 +404,7 @@ impl Metrics {
             egress,
             captured_not_http,
             certificate_expiry,
+            resident_memory,
             trace_spans_exported,
             trace_spans_dropped,
         }

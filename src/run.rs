@@ -353,6 +353,10 @@ async fn start(
                         .set(left);
                 }
             }
+            if let Some(rss) = crate::memory::resident_bytes() {
+                let rss = i64::try_from(rss).unwrap_or(i64::MAX);
+                crate::metrics::get().resident_memory.set(rss);
+            }
         })
     });
     let inbound_listener = bind("inbound", cfg.inbound.listen).await?;

@@ -118,8 +118,24 @@ fn with_tcache(current: Option<&str>) -> Option<String> {
     }
 }
 
+/// The process's resident set in bytes, from `/proc/self/statm`; `None` where it cannot be read.
+pub fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf only reads a system constant.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(page).ok().map(|page| pages * page)
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_resident_set_is_read_and_plausible() {
+        let rss = super::resident_bytes().expect("/proc/self/statm is readable");
+        assert!((1 << 20..1 << 40).contains(&rss), "{rss} bytes");
+    }
+
     use super::*;
 
     #[test]
