@@ -1836,20 +1836,34 @@ async fn read_past(
         if let Some(i) = buf[from..].windows(end.len()).position(|w| w == end) {
             return Some(from + i + end.len());
         }
-        let mut chunk = [0u8; 4096];
-        match tcp.read(&mut chunk).await {
-            Ok(0) | Err(_) => return None,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        read_more(tcp, buf).await?;
+    }
+}
+
+/// Reads until `buf` holds at least `len` bytes; `None` when the peer closed first.
+async fn read_to_len(tcp: &mut TcpStream, buf: &mut Vec<u8>, len: usize) -> Option<()> {
+    while buf.len() < len {
+        read_more(tcp, buf).await?;
+    }
+    Some(())
+}
+
+async fn read_more(tcp: &mut TcpStream, buf: &mut Vec<u8>) -> Option<()> {
+    let mut chunk = [0u8; 4096];
+    match tcp.read(&mut chunk).await {
+        Ok(0) | Err(_) => None,
+        Ok(n) => {
+            buf.extend_from_slice(&chunk[..n]);
+            Some(())
         }
     }
 }
 
-async fn wire_app_conn(mut tcp: TcpStream, got: Arc<Mutex<Vec<Vec<u8>>>>) {
+/// Serves one connection until the peer closes it (`None`).
+async fn wire_app_conn(mut tcp: TcpStream, got: Arc<Mutex<Vec<Vec<u8>>>>) -> Option<()> {
     let mut buf = Vec::new();
     loop {
-        let Some(head_end) = read_past(&mut tcp, &mut buf, 0, b"\r\n\r\n").await else {
-            return;
-        };
+        let head_end = read_http_head(&mut tcp, &mut buf).await?;
         let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
         let field = |name: &str| {
             head.lines().find_map(|l| {
@@ -1861,45 +1875,26 @@ async fn wire_app_conn(mut tcp: TcpStream, got: Arc<Mutex<Vec<Vec<u8>>>>) {
         let mut end = head_end;
         if field("transfer-encoding").is_some_and(|v| v.ends_with("chunked")) {
             loop {
-                let Some(line_end) = read_past(&mut tcp, &mut buf, end, b"\r\n").await else {
-                    return;
-                };
+                let line_end = read_past(&mut tcp, &mut buf, end, b"\r\n").await?;
                 let line = String::from_utf8_lossy(&buf[end..line_end - 2]).to_string();
                 let size =
                     usize::from_str_radix(line.split(';').next().unwrap().trim(), 16).unwrap();
                 end = line_end;
                 if size == 0 {
-                    let Some(e) = read_past(&mut tcp, &mut buf, end - 2, b"\r\n\r\n").await else {
-                        return;
-                    };
-                    end = e;
+                    end = read_past(&mut tcp, &mut buf, end - 2, b"\r\n\r\n").await?;
                     break;
                 }
-                while buf.len() < end + size + 2 {
-                    let mut chunk = [0u8; 4096];
-                    match tcp.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
-                }
+                read_to_len(&mut tcp, &mut buf, end + size + 2).await?;
                 end += size + 2;
             }
         } else if let Some(len) = field("content-length").and_then(|v| v.parse::<usize>().ok()) {
-            while buf.len() < head_end + len {
-                let mut chunk = [0u8; 4096];
-                match tcp.read(&mut chunk).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                }
-            }
+            read_to_len(&mut tcp, &mut buf, head_end + len).await?;
             end = head_end + len;
         }
         got.lock().unwrap().push(buf[..end].to_vec());
         buf.drain(..end);
         let status = field("x-app-status").unwrap_or_else(|| "200".into());
         let answer = format!("HTTP/1.1 {status} X\r\ncontent-length: 0\r\n\r\n");
-        if tcp.write_all(answer.as_bytes()).await.is_err() {
-            return;
-        }
+        tcp.write_all(answer.as_bytes()).await.ok()?;
     }
 }
