@@ -163,6 +163,8 @@ impl Admin {
                 if let Some(f) = self.before_scrape.get() {
                     f();
                 }
+                let ready = self.readyz().await.status() == StatusCode::OK;
+                crate::metrics::get().ready.set(i64::from(ready));
                 let text = crate::metrics::get().encode();
                 if wants_openmetrics(&req) {
                     reply(
@@ -228,6 +230,9 @@ impl Admin {
         }
         if !self.bound.load(Ordering::Acquire) {
             return not_ready("starting", vec![]);
+        }
+        if crate::overload::shedding() {
+            return not_ready("overloaded", vec![]);
         }
         match self.listeners.check().await {
             ListenerStatus::Missing(ports) => not_ready("required listeners missing", ports),

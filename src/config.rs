@@ -427,6 +427,104 @@ pub struct Config {
     /// The DNS listener (SPEC section 10); none when absent.
     #[serde(default)]
     pub dns: Option<DnsConfig>,
+    /// Shedding inside a memory limit (SPEC section 13).
+    #[serde(default)]
+    pub overload: OverloadConfig,
+}
+
+/// `overload:` what the sidecar does as its memory use nears its limit. The thresholds are
+/// shares of the limit; `docs/decisions/0012-overload-thresholds.md` explains the defaults.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OverloadConfig {
+    /// False: never shed, whatever the limit.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Bytes (`67108864`) or a Kubernetes quantity (`64Mi`, `1G`); overrides the cgroup's limit.
+    #[serde(default, deserialize_with = "bytes::deserialize_opt")]
+    pub memory_limit: Option<u64>,
+    /// Step 1 (refuse new connections and requests, release idle memory) from this share on.
+    #[serde(default = "default_shed_at")]
+    pub shed_at: f64,
+    /// Step 2 (close the idlest client connections) from this share on.
+    #[serde(default = "default_close_at")]
+    pub close_at: f64,
+    /// Step 1 ends this far below `shed_at`, so a sidecar at the edge does not flap.
+    #[serde(default = "default_resume_gap")]
+    pub resume_gap: f64,
+}
+
+fn default_true() -> bool {
+    true
+}
+fn default_shed_at() -> f64 {
+    0.85
+}
+fn default_close_at() -> f64 {
+    0.95
+}
+fn default_resume_gap() -> f64 {
+    0.05
+}
+
+impl Default for OverloadConfig {
+    fn default() -> Self {
+        OverloadConfig {
+            enabled: true,
+            memory_limit: None,
+            shed_at: default_shed_at(),
+            close_at: default_close_at(),
+            resume_gap: default_resume_gap(),
+        }
+    }
+}
+
+/// Byte counts written as plain numbers or Kubernetes quantities.
+pub mod bytes {
+    use serde::Deserialize;
+
+    /// `64Mi` (binary), `64M` (decimal), `64k`, or a plain count of bytes.
+    pub fn parse(s: &str) -> Result<u64, String> {
+        let s = s.trim();
+        let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+        let (n, unit) = s.split_at(digits);
+        let n: u64 = n
+            .parse()
+            .map_err(|_| format!("{s:?} is not a byte count (for example 67108864 or 64Mi)"))?;
+        let scale: u64 = match unit {
+            "" => 1,
+            "k" | "K" => 1_000,
+            "M" => 1_000_000,
+            "G" => 1_000_000_000,
+            "Ki" => 1 << 10,
+            "Mi" => 1 << 20,
+            "Gi" => 1 << 30,
+            "Ti" => 1 << 40,
+            _ => {
+                return Err(format!(
+                    "{s:?}: unknown unit {unit:?} (use Ki, Mi, Gi, k, M or G)"
+                ))
+            }
+        };
+        n.checked_mul(scale)
+            .ok_or_else(|| format!("{s:?} is too large"))
+    }
+
+    pub fn deserialize_opt<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<u64>, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Count(u64),
+            Text(String),
+        }
+        match Option::<Raw>::deserialize(d)? {
+            None => Ok(None),
+            Some(Raw::Count(n)) => Ok(Some(n)),
+            Some(Raw::Text(t)) => parse(&t).map(Some).map_err(serde::de::Error::custom),
+        }
+    }
 }
 
 /// The sample rate of traces the client side starts, unless `tracing.sample_rate` says.
@@ -725,6 +823,28 @@ impl Config {
                 format!("{rate} is not in 0..=1"),
             );
         }
+        let o = &self.overload;
+        if !(o.shed_at > 0.0 && o.shed_at < o.close_at && o.close_at <= 1.0) {
+            err(
+                "overload".into(),
+                format!(
+                    "shed_at {} and close_at {} must satisfy 0 < shed_at < close_at <= 1",
+                    o.shed_at, o.close_at
+                ),
+            );
+        }
+        if !(0.0..o.shed_at).contains(&o.resume_gap) {
+            err(
+                "overload.resume_gap".into(),
+                format!("{} is not in 0..shed_at", o.resume_gap),
+            );
+        }
+        if o.memory_limit == Some(0) {
+            err(
+                "overload.memory_limit".into(),
+                "0 bytes; leave it out to use the cgroup's limit, or set enabled: false".into(),
+            );
+        }
         if let Some(dns) = &self.dns {
             if dns.listen.port() == 0 {
                 err("dns.listen".into(), "port must be in 1..65535".into());
@@ -809,6 +929,26 @@ mod tests {
         let e = errors(yaml);
         assert_eq!(e.len(), 1, "{e:?}");
         e[0].clone()
+    }
+
+    #[test]
+    fn overload_limits_take_bytes_or_quantities_and_thresholds_must_be_ordered() {
+        let cfg = |o: &str| Config::parse(Path::new("cfg.yaml"), &format!("{ID}overload: {o}\n"));
+        let limit = |o: &str| cfg(o).unwrap().overload.memory_limit;
+        assert_eq!(limit("{memory_limit: 67108864}"), Some(64 << 20));
+        assert_eq!(limit("{memory_limit: 64Mi}"), Some(64 << 20));
+        assert_eq!(limit("{memory_limit: 1G}"), Some(1_000_000_000));
+        assert_eq!(limit("{}"), None);
+        let d = cfg("{}").unwrap().overload;
+        assert!(d.enabled && d.shed_at == 0.85 && d.close_at == 0.95 && d.resume_gap == 0.05);
+        let e = one_error(&format!("{ID}overload: {{memory_limit: 64MB}}\n"));
+        assert!(e.contains("unknown unit"), "{e}");
+        let e = one_error(&format!("{ID}overload: {{shed_at: 0.9, close_at: 0.8}}\n"));
+        assert!(e.contains("0 < shed_at < close_at <= 1"), "{e}");
+        let e = one_error(&format!("{ID}overload: {{resume_gap: 0.9}}\n"));
+        assert!(e.contains("overload.resume_gap"), "{e}");
+        let e = one_error(&format!("{ID}overload: {{memory_limit: 0}}\n"));
+        assert!(e.contains("overload.memory_limit"), "{e}");
     }
 
     #[test]

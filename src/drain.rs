@@ -115,11 +115,13 @@ pub const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis
 /// Accepts connections until the drain reaches `Closing`, then drops the listener (new
 /// connections are refused). Each connection runs `handle` in its own task, tracked so the
 /// drain can wait for it. Past `max_open` connections of this listener, new ones are closed at
-/// accept (and counted), so a flood cannot exhaust the process's descriptors.
+/// accept (and counted), so a flood cannot exhaust the process's descriptors. A `shed`
+/// listener (inbound, outbound) also closes new connections at accept while overload sheds,
+/// and enters the rest for overload's step 2.
 pub async fn accept_until_closing<F, Fut>(
     name: &'static str,
     listener: tokio::net::TcpListener,
-    max_open: usize,
+    (max_open, shed): (usize, bool),
     drain: &Drain,
     tracker: &Tracker,
     handle: F,
@@ -140,6 +142,13 @@ pub async fn accept_until_closing<F, Fut>(
                         drop(tcp);
                         continue;
                     }
+                    if shed && crate::overload::shedding() {
+                        crate::metrics::get().connection_rejected(name, "overload");
+                        crate::overload::count("refuse-connection");
+                        drop(tcp);
+                        continue;
+                    }
+                    let watched = if shed { crate::overload::watch(&tcp) } else { None };
                     let guards = (tracker.track(), open.track());
                     // Boxed before the spawn: a connection's future is several KiB (its whole
                     // HTTP state), and tokio moves the future it is given through each layer of
@@ -147,7 +156,14 @@ pub async fn accept_until_closing<F, Fut>(
                     // Built in its box, so not even the first copy is made.
                     let conn = crate::memory::box_future(|| handle(tcp, addr));
                     tokio::spawn(async move {
-                        conn.await;
+                        match watched {
+                            None => conn.await,
+                            // Step 2 may pick this connection: dropping it closes the socket.
+                            Some(w) => tokio::select! {
+                                _ = conn => {}
+                                _ = w.closed() => {}
+                            },
+                        }
                         drop(guards);
                     });
                 }

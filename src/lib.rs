@@ -5,7 +5,8 @@
 //! requests by authority to clusters, endpoints and pooled mTLS connections; `catalog` holds
 //! what the mesh knows (a store fed by sources); `identity` owns SPIFFE ids, certificates and
 //! TLS contexts; `http` is what both listeners share of HTTP; `admin`, `readiness`, `drain`,
-//! `metrics`, `accesslog` and `trace` are the operator's side. `validation` is how bad input is
+//! `metrics`, `accesslog` and `trace` are the operator's side; `overload` sheds load inside a
+//! memory limit. `validation` is how bad input is
 //! reported; `sockets` is what every TCP socket of the data path shares (keepalive, idle splicing);
 //! `capture` is transparent capture's netfilter rules and the original-destination read.
 
@@ -25,6 +26,7 @@ pub mod inbound;
 pub mod memory;
 pub mod metrics;
 pub mod outbound;
+pub mod overload;
 pub mod readiness;
 pub mod run;
 pub mod sockets;

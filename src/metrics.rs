@@ -155,6 +155,16 @@ pub struct Metrics {
     pub trace_spans_exported: Counter,
     /// Spans dropped: the export queue was full, or the collector failed or was unreachable.
     pub trace_spans_dropped: Counter,
+    /// Requests the proxy answered itself, by direction and `x-aether-error` reason.
+    pub errors: Family<ErrorLabels, Counter>,
+    /// 1 while `/readyz` answers 200; set when scraped.
+    pub ready: Gauge,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    pub direction: Direction,
+    pub reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -237,6 +247,19 @@ impl Metrics {
             "Resident memory of the proxy process (RSS), read when scraped",
             resident_memory.clone(),
         );
+        let errors = Family::<ErrorLabels, Counter>::default();
+        registry.register(
+            "aether_errors",
+            "Requests the proxy answered itself (x-aether-error), by direction and reason",
+            errors.clone(),
+        );
+        let ready = Gauge::default();
+        registry.register(
+            "aether_ready",
+            "1 while /readyz answers 200 (ready), else 0; read when scraped",
+            ready.clone(),
+        );
+        crate::overload::metrics().register(&mut registry);
         let trace_spans_exported = Counter::default();
         let trace_spans_dropped = Counter::default();
         registry.register(
@@ -407,6 +430,8 @@ impl Metrics {
             resident_memory,
             trace_spans_exported,
             trace_spans_dropped,
+            errors,
+            ready,
         }
     }
 

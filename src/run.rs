@@ -359,6 +359,32 @@ async fn start(
             }
         })
     });
+    if cfg.overload.enabled {
+        let o = &cfg.overload;
+        let thresholds = crate::overload::Thresholds {
+            shed_at: o.shed_at,
+            close_at: o.close_at,
+            resume_gap: o.resume_gap,
+        };
+        // Registers the overload families before they are first set.
+        crate::metrics::get();
+        crate::overload::start(
+            o.memory_limit,
+            thresholds,
+            vec![
+                {
+                    let pool = outbound.upstream.pool.clone();
+                    Box::new(move || pool.release_idle())
+                },
+                {
+                    let pool = inbound.http.app_pool.clone();
+                    Box::new(move || pool.release_idle())
+                },
+            ],
+        );
+    } else {
+        tracing::info!("overload actions off (overload.enabled: false)");
+    }
     let inbound_listener = bind("inbound", cfg.inbound.listen).await?;
     let mut outbound_listeners = vec![bind("outbound", cfg.outbound.listen).await?];
     if let Some(v6) = ipv6_outbound(&cfg) {

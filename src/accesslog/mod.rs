@@ -132,6 +132,14 @@ impl RequestLog {
         let m = metrics::get();
         let service = d.service.as_deref().unwrap_or_default();
         metrics::count_request(self.direction, service, d.port, d.status);
+        if let Some(r) = d.reason {
+            m.errors
+                .get_or_create(&metrics::ErrorLabels {
+                    direction: self.direction,
+                    reason: r.as_str(),
+                })
+                .inc();
+        }
         m.duration(self.direction).observe(elapsed.as_secs_f64());
         let (mut trace_hex, mut span_hex) = ([0u8; 32], [0u8; 16]);
         let trace_id = self.trace.trace_id.map(|t| {

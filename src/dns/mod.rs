@@ -84,7 +84,7 @@ impl Dns {
         accept_until_closing(
             "dns",
             tcp,
-            MAX_TCP_CONNECTIONS,
+            (MAX_TCP_CONNECTIONS, false),
             &drain,
             &tracker,
             move |conn, _| me.clone().serve_tcp(conn, d.clone()),

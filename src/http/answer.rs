@@ -33,6 +33,7 @@ pub enum Reason {
     BadRequest,
     UnsupportedTransferCoding,
     UriTooLong,
+    Overloaded,
 }
 
 impl Reason {
@@ -59,6 +60,7 @@ impl Reason {
             Reason::BadRequest => "bad-request",
             Reason::UnsupportedTransferCoding => "unsupported-transfer-coding",
             Reason::UriTooLong => "uri-too-long",
+            Reason::Overloaded => "overloaded",
         }
     }
 
@@ -84,7 +86,8 @@ impl Reason {
             | Reason::UpstreamIdentityMismatch
             | Reason::AppUnavailable
             | Reason::Overflow
-            | Reason::DiscoveryTimeout => StatusCode::SERVICE_UNAVAILABLE,
+            | Reason::DiscoveryTimeout
+            | Reason::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -113,6 +116,7 @@ impl Reason {
             Reason::BadRequest => "the request's framing or fields are malformed",
             Reason::UnsupportedTransferCoding => "only the chunked transfer coding is supported",
             Reason::UriTooLong => "the request target is over the limit",
+            Reason::Overloaded => "the proxy is near its memory limit and sheds new requests",
         }
     }
 

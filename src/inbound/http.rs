@@ -228,6 +228,10 @@ impl HttpChains {
         if let Some(r) = misframed {
             return Err(r);
         }
+        if crate::overload::shedding() {
+            crate::overload::count("refuse-request");
+            return Err(Reason::Overloaded);
+        }
         if !conn.chain.allows(&conn.peer.spiffe_id) {
             return Err(Reason::Forbidden);
         }

@@ -86,9 +86,14 @@ impl Inbound {
         self.http.app_pool.spawn_sweeper();
         let (drain, tracker) = (self.drain.clone(), self.tracker.clone());
         let max = self.max_connections;
-        accept_until_closing("inbound", listener, max, &drain, &tracker, |tcp, addr| {
-            self.clone().connection(tcp, addr)
-        })
+        accept_until_closing(
+            "inbound",
+            listener,
+            (max, true),
+            &drain,
+            &tracker,
+            |tcp, addr| self.clone().connection(tcp, addr),
+        )
         .await;
     }
 

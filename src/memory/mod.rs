@@ -9,5 +9,5 @@ mod reuse;
 
 pub use allocator::Allocator;
 pub use boxed::box_future;
-pub use policy::{limit_arenas, resident_bytes, trim_soon, tune_allocator};
+pub use policy::{limit_arenas, resident_bytes, trim_now, trim_soon, tune_allocator};
 pub use reuse::{release_medium_blocks, reuse_medium_blocks};

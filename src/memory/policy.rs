@@ -27,12 +27,13 @@ pub fn trim_soon() {
     tokio::spawn(async {
         tokio::time::sleep(SETTLE).await;
         ASKED.store(false, Ordering::Relaxed);
-        let _ = tokio::task::spawn_blocking(trim).await;
+        let _ = tokio::task::spawn_blocking(trim_now).await;
     });
 }
 
+/// Gives freed memory back to the system now (`overload`, off the runtime's threads).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn trim() {
+pub fn trim_now() {
     // SAFETY: malloc_trim only walks the allocator's own free lists; 0 keeps no pad.
     unsafe {
         libc::malloc_trim(0);
@@ -40,7 +41,7 @@ fn trim() {
 }
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn trim() {}
+pub fn trim_now() {}
 
 /// Caps glibc's malloc arenas at one per worker thread, set before any thread starts. glibc
 /// otherwise gives each thread that allocates (workers, the access-log writer, the watchers,

@@ -69,10 +69,14 @@ impl H2 {
             .send
             .send_request(head, end)
             .map_err(H2SendError::Failed)?;
-        if !end {
-            tokio::spawn(send_body(body, stream));
-        }
+        // Abandoned before the response head (the client went away, or the first-byte timer
+        // fired), the body's task ends and the stream is reset: a peer that never grants
+        // window would otherwise keep the task, and the body it holds, for good.
+        let pump = super::abandon::AbortUnlessAnswered(
+            (!end).then(|| tokio::spawn(send_body(body, stream)).abort_handle()),
+        );
         let resp = response.await.map_err(H2SendError::Failed)?;
+        pump.answered();
         let length = resp
             .headers()
             .get(http::header::CONTENT_LENGTH)

@@ -7,6 +7,7 @@
 //! or `tunnel` (CONNECT, and the bytes of upgraded connections). Connections the pod's rules
 //! redirected here (transparent capture) are sorted by their original destination in `capture`.
 
+pub mod abandon;
 pub mod capture;
 pub mod cluster;
 pub mod connect;
@@ -167,9 +168,14 @@ impl Outbound {
             let this = self.clone();
             let (drain, tracker) = (drain.clone(), tracker.clone());
             async move {
-                accept_until_closing("outbound", listener, max, &drain, &tracker, |tcp, addr| {
-                    this.clone().connection(tcp, addr, listen)
-                })
+                accept_until_closing(
+                    "outbound",
+                    listener,
+                    (max, true),
+                    &drain,
+                    &tracker,
+                    |tcp, addr| this.clone().connection(tcp, addr, listen),
+                )
                 .await
             }
         });
@@ -356,6 +362,9 @@ impl Outbound {
             Outcome::error(Reason::HeadersTooLarge)
         } else if let Some(r) = misframed {
             Outcome::error(r)
+        } else if crate::overload::shedding() {
+            crate::overload::count("refuse-request");
+            Outcome::error(Reason::Overloaded)
         } else {
             match self
                 .route(req, &log.authority, src, captured_port, &mut open)

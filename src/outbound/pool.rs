@@ -14,13 +14,34 @@ use std::time::{Duration, Instant};
 use hyper::client::conn::http1;
 use hyper::rt::{Read, Write};
 
+use super::abandon::AbortUnlessAnswered;
 use super::h2_client::H2SendError;
 pub use super::h2_client::{handshake as handshake_h2, H2};
 use crate::http::body::{BoxedRequest, ReqBody, UpBody};
 use crate::http::limits::{HYPER_MAX_BUF, UPSTREAM_IDLE_TIMEOUT as IDLE_TIMEOUT};
 use crate::http::upstream_body::ReturnToPool;
 
-pub type H1 = http1::SendRequest<ReqBody>;
+/// An HTTP/1.1 client connection: its sender, and its task, which is aborted when an exchange
+/// is abandoned before its response arrives (the client went away, or the first-byte timer
+/// fired). A peer that stopped reading would otherwise keep the task, and the request body it
+/// is still sending, for good.
+pub struct H1 {
+    send: http1::SendRequest<ReqBody>,
+    task: tokio::task::AbortHandle,
+}
+
+impl std::ops::Deref for H1 {
+    type Target = http1::SendRequest<ReqBody>;
+    fn deref(&self) -> &Self::Target {
+        &self.send
+    }
+}
+
+impl std::ops::DerefMut for H1 {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.send
+    }
+}
 
 /// Streams one pooled HTTP/2 connection carries before another is opened. 100 is the floor
 /// RFC 9113 asks every peer to allow, so requests never queue behind a smaller peer limit.
@@ -387,21 +408,26 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
     /// ones idle past the idle timeout (h2: no open stream for that long). In-flight requests
     /// keep their connections alive.
     pub fn retain(&self, keep: impl FnMut(&K) -> bool) {
-        self.retain_at(Instant::now(), keep)
+        self.retain_at(Instant::now(), IDLE_TIMEOUT, keep)
     }
 
-    fn retain_at(&self, now: Instant, mut keep: impl FnMut(&K) -> bool) {
+    /// Drops every pooled connection no request is using (overload step 1).
+    pub fn release_idle(&self) {
+        self.retain_at(Instant::now(), Duration::ZERO, |_| true)
+    }
+
+    fn retain_at(&self, now: Instant, idle_limit: Duration, mut keep: impl FnMut(&K) -> bool) {
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         map.retain(|k, slot| {
             if !keep(k) {
                 return false;
             }
             slot.h1.retain(|(h1, since, _)| {
-                !h1.is_closed() && now.duration_since(*since) < IDLE_TIMEOUT
+                !h1.is_closed() && now.duration_since(*since) < idle_limit
             });
             slot.h2.retain(|(h2, st, last)| {
-                let idle = st.open.load(Ordering::Relaxed) == 0
-                    && now.duration_since(*last) >= IDLE_TIMEOUT;
+                let idle =
+                    st.open.load(Ordering::Relaxed) == 0 && now.duration_since(*last) >= idle_limit;
                 !h2.is_closed() && !idle
             });
             slot.in_use()
@@ -467,7 +493,9 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Pool<K> {
         };
         match conn {
             Conn::H1(mut s, uses) => {
+                let abandoned = AbortUnlessAnswered(Some(s.task.clone()));
                 let resp = s.try_send_request(*req).await.map_err(unsent)?;
+                abandoned.answered();
                 let back = self.return_h1(key, s, uses + 1, max_uses);
                 Ok((resp.map(|b| UpBody::h1_pooled(b, back)), None))
             }
@@ -492,15 +520,16 @@ where
         .max_buf_size(HYPER_MAX_BUF)
         .handshake(io)
         .await?;
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         // Upgradable: after a 101 the connection's IO goes to whoever took the response's
         // upgrade (only upgrade requests, on unpooled connections, can get one).
         if let Err(e) = conn.with_upgrades().await {
             tracing::debug!("upstream h1 connection ended: {e}");
         }
         drop(held);
-    });
-    Ok(send)
+    })
+    .abort_handle();
+    Ok(H1 { send, task })
 }
 
 #[cfg(test)]
@@ -565,7 +594,7 @@ mod tests {
         drop(pool.put_h2(1, h2_sender().await, 0));
         let busy = pool.put_h2(2, h2_sender().await, 0);
         let later = Instant::now() + IDLE_TIMEOUT + Duration::from_secs(1);
-        pool.retain_at(later, |_| true);
+        pool.retain_at(later, IDLE_TIMEOUT, |_| true);
         assert!(
             pool.get(&1, 0).is_none(),
             "an idle connection must be dropped"

@@ -1190,3 +1190,72 @@ async fn far_over_the_header_limit_still_gets_the_proxy_431() {
     }
     assert_eq!(pod.app_traffic(), (0, 0, 0, 0));
 }
+
+/// A client that goes away before its answer takes its exchange with it, though the app never
+/// read the request nor answered: on HTTP/1.1 the app's connection closes; on HTTP/2 (to the
+/// app too, the port being `auto`) the app's stream is reset. Without that, the upload stayed
+/// with the stalled app, and on HTTP/2 everything the sidecar buffered for it, for as long as
+/// the app stalled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_goes_away_ends_its_exchange_with_a_stalled_app() {
+    let net = Net::fresh();
+    let pod = net.pod(1);
+    let certs = crate::common::mesh::certs();
+    let app = tokio::net::TcpListener::bind(pod.app(8080)).await.unwrap();
+    let _p = payments_sidecar(&certs, pod, &[]).start().await;
+    for alpn in ["http/1.1", "h2"] {
+        let tls = tls_to(&frontend_peer(&certs, "8080", &[alpn]), pod.inbound()).await;
+        let mut client = match alpn {
+            "h2" => HttpClient::h2(tls).await.unwrap(),
+            _ => HttpClient::h1(tls).await.unwrap(),
+        };
+        let upload = body(req("http://payments.aether.internal/upload").method("POST"))
+            .map(|_| Full::new(Bytes::from(vec![b'u'; 4 << 20])));
+        let sent = tokio::spawn(async move { client.send(upload).await });
+        let (mut held, _) = tokio::time::timeout(Duration::from_secs(5), app.accept())
+            .await
+            .unwrap_or_else(|_| panic!("{alpn}: the request never reached the app"))
+            .unwrap();
+        // Let the body fill what it can, then the client goes.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        sent.abort();
+        let _ = sent.await;
+        // Only now does the app read: what the sidecar sent, then the end of the exchange.
+        let ended = tokio::time::timeout(Duration::from_secs(5), async {
+            let mut seen = Vec::new();
+            let mut b = vec![0u8; 1 << 20];
+            loop {
+                match held.read(&mut b).await {
+                    Ok(0) | Err(_) => return "closed",
+                    Ok(n) => seen.extend_from_slice(&b[..n]),
+                }
+                if alpn == "h2" && h2_frame_types(&seen).contains(&3) {
+                    return "reset";
+                }
+            }
+        });
+        let want = if alpn == "h2" { "reset" } else { "closed" };
+        assert_eq!(
+            ended.await,
+            Ok(want),
+            "{alpn}: the exchange with the app went on"
+        );
+    }
+}
+
+/// The types of the complete HTTP/2 frames in `wire`, after the client preface.
+fn h2_frame_types(wire: &[u8]) -> Vec<u8> {
+    let mut rest = wire
+        .strip_prefix(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".as_slice())
+        .unwrap_or(&[]);
+    let mut types = Vec::new();
+    while rest.len() >= 9 {
+        let len = u32::from_be_bytes([0, rest[0], rest[1], rest[2]]) as usize;
+        if rest.len() < 9 + len {
+            break;
+        }
+        types.push(rest[3]);
+        rest = &rest[9 + len..];
+    }
+    types
+}

@@ -25,6 +25,7 @@ mod connection_log;
 mod http_semantics;
 mod inbound;
 mod limits;
+mod overload;
 mod readiness;
 mod rules;
 mod timers;

@@ -19,7 +19,7 @@ mod sniff;
 mod timers;
 
 pub use guarded::Guarded;
-pub use requests::{ConnRequests, RequestOpen};
+pub use requests::{ConnRequests, GoneOnDrop, RequestOpen};
 pub use sniff::{Codec, Wire};
 
 use hyper_util::rt::TokioTimer;
@@ -54,13 +54,36 @@ impl Servers {
 #[derive(Clone, Copy, Debug)]
 pub struct StreamExecutor;
 
+tokio::task_local! {
+    /// The downstream connection whose future is being polled, while `serve_until_drained`
+    /// polls it: the streams hyper spawns then belong to it.
+    pub static CONNECTION: std::sync::Arc<ConnRequests>;
+}
+
 impl<F> hyper::rt::Executor<F> for StreamExecutor
 where
     F: std::future::Future + Send + 'static,
     F::Output: Send + 'static,
 {
     fn execute(&self, fut: F) {
-        tokio::spawn(Box::pin(fut));
+        let fut = Box::pin(fut);
+        match CONNECTION.try_with(std::sync::Arc::clone) {
+            // A stream's task ends with its connection: hyper leaves the tasks running when
+            // the connection ends, and one waiting on a stalled upstream would hold its
+            // request (and what the connection buffered for it) until a timer fired.
+            Ok(conn) => {
+                tokio::spawn(async move {
+                    tokio::select! {
+                        biased;
+                        _ = fut => {}
+                        _ = conn.gone() => {}
+                    }
+                });
+            }
+            Err(_) => {
+                tokio::spawn(fut);
+            }
+        }
     }
 }
 
@@ -102,7 +125,8 @@ macro_rules! __serve_until_drained {
         let conn = $conn;
         tokio::pin!(conn);
         let closing = $crate::drain::Drain::reached($drain.watch(), $crate::drain::Phase::Closing);
-        let r: Result<(), String> = tokio::select! {
+        let _gone = $crate::http::server::GoneOnDrop($requests.clone());
+        let serving = async { tokio::select! {
             r = $crate::http::server::Batched::new(conn.as_mut(), Some(&*$requests)) => r.map_err(|e| {
                 let e: Box<dyn std::error::Error + Send + Sync> = e.into();
                 $crate::http::server::count_codec_error($listener, &*e);
@@ -118,7 +142,9 @@ macro_rules! __serve_until_drained {
                     .await
                     .map_err(|e| e.to_string())
             }
-        };
+        }};
+        let r: Result<(), String> =
+            $crate::http::server::CONNECTION.scope($requests.clone(), serving).await;
         r
     }};
 }

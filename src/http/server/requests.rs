@@ -30,6 +30,20 @@ pub struct ConnRequests {
     multiplexed: AtomicBool,
     /// The last response and the FIN in one segment (`FinTcp`).
     fin: Arc<Fin>,
+    /// The connection ended or was dropped: its HTTP/2 streams' tasks stop (`StreamExecutor`).
+    gone: AtomicBool,
+    gone_notify: tokio::sync::Notify,
+}
+
+/// Marks its connection gone when dropped: when the connection's future ends, or is dropped
+/// unfinished (overload closing it).
+pub struct GoneOnDrop(pub Arc<ConnRequests>);
+
+impl Drop for GoneOnDrop {
+    fn drop(&mut self) {
+        self.0.gone.store(true, Ordering::Release);
+        self.0.gone_notify.notify_waiters();
+    }
 }
 
 impl ConnRequests {
@@ -47,6 +61,20 @@ impl ConnRequests {
     /// The state a [`crate::http::fin::FinTcp`] for this connection shares.
     pub fn fin(&self) -> Arc<Fin> {
         self.fin.clone()
+    }
+
+    /// Resolves once the connection is gone ([`GoneOnDrop`]).
+    pub async fn gone(&self) {
+        loop {
+            let notified = self.gone_notify.notified();
+            tokio::pin!(notified);
+            // Registered before the flag is read, so a notification in between is not lost.
+            notified.as_mut().enable();
+            if self.gone.load(Ordering::Acquire) {
+                return;
+            }
+            notified.await;
+        }
     }
 
     /// Resolves when the peer is resetting streams abusively.

@@ -144,7 +144,9 @@ impl TlsClient {
         self
     }
 
-    fn config(&self) -> Result<boring::ssl::ConnectConfiguration, String> {
+    /// The connector this client's settings make; [`TlsClient::connect_using`] takes it, so
+    /// a test that opens thousands of connections builds it once.
+    pub fn connector(&self) -> Result<SslConnector, String> {
         fn e(what: &'static str) -> impl Fn(boring::error::ErrorStack) -> String {
             move |err| format!("{what}: {err}")
         }
@@ -165,9 +167,16 @@ impl TlsClient {
             }
             b.set_alpn_protos(&wire).map_err(e("ALPN"))?;
         }
-        Ok(b.build()
+        Ok(b.build())
+    }
+
+    fn config(
+        &self,
+        connector: &SslConnector,
+    ) -> Result<boring::ssl::ConnectConfiguration, String> {
+        Ok(connector
             .configure()
-            .map_err(e("configure"))?
+            .map_err(|err| format!("configure: {err}"))?
             .verify_hostname(false)
             .use_server_name_indication(self.sni.is_some()))
     }
@@ -177,11 +186,24 @@ impl TlsClient {
     /// With TLS 1.3 the server checks the client certificate after the client has finished, so
     /// a refused client certificate usually shows up on the first read, not here.
     pub async fn connect(&self, addr: SocketAddr) -> Result<TlsStream, TlsFailure> {
+        let connector = self.connector().map_err(|error| TlsFailure {
+            error,
+            received: Vec::new(),
+        })?;
+        self.connect_using(&connector, addr).await
+    }
+
+    /// As [`TlsClient::connect`], with a connector made by [`TlsClient::connector`].
+    pub async fn connect_using(
+        &self,
+        connector: &SslConnector,
+        addr: SocketAddr,
+    ) -> Result<TlsStream, TlsFailure> {
         let fail = |error: String| TlsFailure {
             error,
             received: Vec::new(),
         };
-        let cfg = self.config().map_err(fail)?;
+        let cfg = self.config(connector).map_err(fail)?;
         let tcp = tcp_connect(addr).await.map_err(fail)?;
         let tap = Tap::new(tcp);
         let received = tap.read.clone();
