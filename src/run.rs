@@ -477,6 +477,7 @@ async fn serve(
         let _ = l.await;
     }
     tracing::info!(open = tracker.open(), timeout = ?cfg.drain.timeout, "drain: listeners closed, waiting for in-flight work");
+    let deadline = tokio::time::Instant::now() + cfg.drain.timeout;
     let left = tracker.wait_idle(cfg.drain.timeout).await;
     if left > 0 {
         tracing::warn!(open = left, "drain timeout reached; closing what is left");
@@ -487,6 +488,11 @@ async fn serve(
             .await;
     } else {
         tracing::info!("drain complete");
+    }
+    // Spans of the last requests would otherwise wait for their batch and go with the process.
+    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+    if !crate::trace::flush(left.max(std::time::Duration::from_millis(200))).await {
+        tracing::warn!("drain: spans still queued could not be sent in time");
     }
     ExitCode::SUCCESS
 }

@@ -11,7 +11,7 @@ use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::{
     span, status, ResourceSpans, ScopeSpans, Span, Status,
 };
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 
@@ -35,13 +35,45 @@ const FLAG_IS_REMOTE: u32 = 0x200;
 
 pub struct Exporter {
     queue: mpsc::Sender<Finished>,
+    /// Asks the task to send everything queued now, and to say when it has.
+    flushes: mpsc::Sender<oneshot::Sender<()>>,
+}
+
+/// What the export task reads: the spans, and requests to flush them.
+pub struct Queue {
+    spans: mpsc::Receiver<Finished>,
+    flushes: mpsc::Receiver<oneshot::Sender<()>>,
+}
+
+impl Queue {
+    /// Takes what is queued, up to `limit` spans (tests read the queue directly).
+    pub async fn recv_many(&mut self, into: &mut Vec<Finished>, limit: usize) -> usize {
+        self.spans.recv_many(into, limit).await
+    }
 }
 
 impl Exporter {
     /// An exporter and the receiving end of its queue (what the export task reads).
-    pub fn with_queue(capacity: usize) -> (Exporter, mpsc::Receiver<Finished>) {
-        let (queue, rx) = mpsc::channel(capacity);
-        (Exporter { queue }, rx)
+    pub fn with_queue(capacity: usize) -> (Exporter, Queue) {
+        let (queue, spans) = mpsc::channel(capacity);
+        let (flush, flushes) = mpsc::channel(1);
+        (
+            Exporter {
+                queue,
+                flushes: flush,
+            },
+            Queue { spans, flushes },
+        )
+    }
+
+    /// Sends what is queued now, waiting at most `limit` (the drain's, at exit: a batch
+    /// otherwise waits up to [`FLUSH_EVERY`] and would be lost with the process).
+    pub async fn flush(&self, limit: Duration) -> bool {
+        let (ack, done) = oneshot::channel();
+        let asked = tokio::time::timeout(limit, self.flushes.send(ack));
+        let deadline = Instant::now() + limit;
+        matches!(asked.await, Ok(Ok(())))
+            && matches!(tokio::time::timeout_at(deadline, done).await, Ok(Ok(())))
     }
 
     /// Starts the export task for the collector at `addr` (`host:port`, plaintext gRPC);
@@ -81,20 +113,53 @@ struct Task {
 }
 
 impl Task {
-    async fn run(mut self, mut rx: mpsc::Receiver<Finished>) {
+    async fn run(mut self, mut q: Queue) {
         let mut batch = Vec::with_capacity(MAX_BATCH);
         loop {
-            if rx.recv_many(&mut batch, MAX_BATCH).await == 0 {
-                return;
+            let mut flush = None;
+            tokio::select! {
+                n = q.spans.recv_many(&mut batch, MAX_BATCH) => if n == 0 {
+                    return;
+                },
+                Some(ack) = q.flushes.recv() => flush = Some(ack),
             }
             let deadline = Instant::now() + FLUSH_EVERY;
-            while batch.len() < MAX_BATCH {
+            while flush.is_none() && batch.len() < MAX_BATCH {
                 let room = MAX_BATCH - batch.len();
-                match tokio::time::timeout_at(deadline, rx.recv_many(&mut batch, room)).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => {}
+                tokio::select! {
+                    r = tokio::time::timeout_at(deadline, q.spans.recv_many(&mut batch, room)) => {
+                        match r {
+                            Ok(0) | Err(_) => break,
+                            Ok(_) => {}
+                        }
+                    }
+                    Some(ack) = q.flushes.recv() => flush = Some(ack),
                 }
             }
+            let Some(ack) = flush else {
+                self.send(&mut batch).await;
+                continue;
+            };
+            // Everything queued before the flush was asked for goes now, in batches.
+            loop {
+                while batch.len() < MAX_BATCH {
+                    match q.spans.try_recv() {
+                        Ok(span) => batch.push(span),
+                        Err(_) => break,
+                    }
+                }
+                if batch.is_empty() {
+                    break;
+                }
+                self.send(&mut batch).await;
+            }
+            let _ = ack.send(());
+        }
+    }
+
+    /// Exports `batch` (emptying it) and counts the outcome.
+    async fn send(&mut self, batch: &mut Vec<Finished>) {
+        {
             let n = batch.len() as u64;
             let spans: Vec<Span> = batch.drain(..).map(to_proto).collect();
             let m = metrics::get();

@@ -166,6 +166,15 @@ pub fn install(tracer: Tracer) {
     let _ = TRACER.set(tracer);
 }
 
+/// Sends the spans still queued, waiting at most `limit`; false when they could not all go
+/// in time. Without a collector there is nothing to send.
+pub async fn flush(limit: std::time::Duration) -> bool {
+    match &tracer().exporter {
+        Some(e) => e.flush(limit).await,
+        None => true,
+    }
+}
+
 /// The process's tracer: the installed one, or the defaults (sample rate 0.01, no export).
 pub fn tracer() -> &'static Tracer {
     TRACER.get_or_init(|| Tracer::new(crate::config::DEFAULT_SAMPLE_RATE, None))

@@ -555,3 +555,27 @@ fn check_accepts_a_tracing_section_and_names_what_is_wrong_in_one() {
         }
     }
 }
+
+/// Spans still queued when a sidecar drains reach the collector before it exits: a batch
+/// otherwise waits up to a second for company, and the process would leave without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_queued_at_drain_reach_the_collector_before_exit() {
+    let c = Collector::start().await;
+    let cfg = format!(
+        "{}drain: {{ notify: 100ms, timeout: 5s }}\n",
+        tracing_yaml("1", Some(c.addr))
+    );
+    let mut m = mesh(&cfg, &cfg).await;
+    let r = call(&m, "/last", &[]).await;
+    assert_app_ok(&r, 8080, "GET /last");
+    for p in [&m.client, &m.server] {
+        p.signal(libc::SIGTERM);
+    }
+    for p in [&mut m.client, &mut m.server] {
+        let exit = p.wait_exit(Duration::from_secs(10)).await;
+        assert!(exit.is_some_and(|e| e.success()), "drain exit: {exit:?}");
+    }
+    let spans = c.spans();
+    one_of_kind(&spans, SpanKind::Client, "/last");
+    one_of_kind(&spans, SpanKind::Server, "/last");
+}
