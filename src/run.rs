@@ -173,6 +173,9 @@ pub fn main(path: &Path, concurrency: Option<usize>) -> ExitCode {
     code
 }
 
+/// Where the DNS listener finds the pod's own resolvers.
+const RESOLV_CONF: &str = "/etc/resolv.conf";
+
 /// Asked of `listen(2)`; the kernel caps it at `net.core.somaxconn`.
 const LISTEN_BACKLOG: u32 = 65535;
 
@@ -396,8 +399,7 @@ async fn start(
     ];
     if let Some(d) = &cfg.dns {
         let (udp, tcp) = bind_dns(d.listen).await?;
-        // Read once: a pod's resolv.conf is written before its containers start.
-        let resolv_conf = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+        let resolv_conf = std::fs::read_to_string(RESOLV_CONF).unwrap_or_default();
         let dns = Arc::new(crate::dns::Dns::new(
             &cfg.mesh_domain,
             d.ipv6,
@@ -405,6 +407,12 @@ async fn start(
             &resolv_conf,
             catalog.clone(),
         ));
+        // A pod's resolv.conf rarely changes after start, a node's often does (DHCP,
+        // NetworkManager, systemd-resolved): the relay follows it.
+        let watched = dns.clone();
+        crate::watch::spawn("resolv-conf", vec![RESOLV_CONF.into()], move || {
+            watched.set_resolv_conf(&std::fs::read_to_string(RESOLV_CONF).unwrap_or_default());
+        });
         listeners.push(tokio::spawn(dns.serve(
             udp,
             tcp,

@@ -35,12 +35,15 @@ const MAX_UDP_QUERY: usize = 4096;
 pub struct Dns {
     answerer: Answerer,
     catalog: Arc<CatalogStore>,
-    upstreams: Vec<SocketAddr>,
+    /// The pod's resolvers, replaced whole when resolv.conf changes (`set_resolv_conf`).
+    upstreams: arc_swap::ArcSwap<Vec<SocketAddr>>,
+    listen: SocketAddr,
     in_flight: Arc<Semaphore>,
 }
 
 impl Dns {
-    /// Upstreams come from `resolv_conf` (the text of `/etc/resolv.conf`) as it is at start.
+    /// Upstreams come from `resolv_conf` (the text of `/etc/resolv.conf`), and follow it
+    /// through `set_resolv_conf`.
     pub fn new(
         mesh_domain: &str,
         ipv6: bool,
@@ -65,8 +68,22 @@ impl Dns {
         Dns {
             answerer: Answerer::new(mesh_domain, ipv6),
             catalog,
-            upstreams,
+            upstreams: arc_swap::ArcSwap::from_pointee(upstreams),
+            listen,
             in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
+        }
+    }
+
+    /// Takes the nameservers of new resolv.conf text; queries already relayed finish with the
+    /// ones they started with.
+    pub fn set_resolv_conf(&self, resolv_conf: &str) {
+        let upstreams = forward::nameservers(resolv_conf, self.listen);
+        if **self.upstreams.load() != upstreams {
+            tracing::info!(
+                ?upstreams,
+                "dns: resolv.conf changed; relaying to its nameservers"
+            );
+            self.upstreams.store(Arc::new(upstreams));
         }
     }
 
@@ -219,7 +236,8 @@ impl Dns {
             Step::Drop => Vec::new(),
             Step::Forward { query, max_udp } => {
                 let deadline = Instant::now() + forward::DEADLINE;
-                match forward::exchange(&self.upstreams, packet, deadline).await {
+                let upstreams = self.upstreams.load_full();
+                match forward::exchange(&upstreams, packet, deadline).await {
                     Some(answer) => {
                         count(Outcome::Forwarded);
                         if over_udp && answer.len() > usize::from(max_udp) {

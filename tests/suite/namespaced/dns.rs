@@ -892,3 +892,33 @@ async fn forwarding_is_bounded() {
 }
 
 crate::on_both_control_planes!(on_demand_names_resolve_on_first_query,);
+
+/// The relay follows resolv.conf: a sidecar that started with a nameserver that does not
+/// answer answers other names SERVFAIL, and once the file names the working one (written in
+/// place, as the bind mounts of `ip netns exec` and of a kubelet need) relays to it, without a
+/// restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_follows_changes_to_resolv_conf() {
+    let ns = NetNs::new("nameserver 127.0.0.9\n");
+    let _upstream = Upstream::start(&ns);
+    let certs = certs();
+    let net = Net::fresh();
+    let pod = net.pod(0);
+    let cat = catalog(&[one_service(&certs, "payments", net.pod(1).proxy_ip())]);
+    let _proxy = client_proxy_builder(&certs, pod, &cat, &dns_yaml(pod, false))
+        .netns(&ns.name)
+        .start()
+        .await;
+    let server = dns_addr(pod);
+    let sock = ns.udp("127.0.0.1:0");
+    wait_answering(&ns, server).await;
+    let m = udp_ask(&sock, server, &query("example.test", RecordType::A, false)).await;
+    assert_eq!(m.metadata.response_code, ResponseCode::ServFail, "{m}");
+
+    std::fs::write(ns.etc().join("resolv.conf"), "nameserver 127.0.0.1\n").unwrap();
+    eventually(Duration::from_secs(10), "example.test relayed", async || {
+        let m = udp_ask(&sock, server, &query("example.test", RecordType::A, false)).await;
+        holds(v4s(&m) == vec![Ipv4Addr::new(192, 0, 2, 7)]).map_err(|_| m.to_string())
+    })
+    .await;
+}
