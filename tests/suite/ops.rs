@@ -810,17 +810,18 @@ fn background_load(
 // ---------------------------------------------------------------------------------------------
 
 /// A client pod (file catalog, DNS listener), a server pod (`payments`, an HTTP port and a tcp
-/// port) and a client pod fed by the test control plane, scraped by a real Prometheus with the
-/// rule file loaded, while traffic of every kind goes through them: HTTP/1.1 and HTTP/2,
-/// proxy-made 404 and 503 answers, an app's 404, a CONNECT tunnel, DNS questions, a request
-/// breaker overflowing, connect failures to a pod that is gone (retried, then ejected), NACKed
-/// Clusters. Then:
+/// port), a client pod fed by the test control plane and a pod over its memory limit, scraped
+/// by a real Prometheus with the rule file loaded, while traffic of every kind goes through
+/// them: HTTP/1.1 and HTTP/2, proxy-made 404 and 503 answers, an app's 404, a CONNECT tunnel,
+/// DNS questions, a request breaker overflowing, connect failures to a pod that is gone
+/// (retried, then ejected), NACKed Clusters. Then:
 /// * every dashboard query (`$pod`, `$service`, `$port` as `.*`) and every recording rule
 ///   returns a series; with each pod, `payments` and `8080` chosen, each query returns only
 ///   that pod's series and some pod has one; the variables list the pods, the service, the port;
-/// * every rule evaluates without error; the NACK and error-ratio alerts go active; the control
-///   plane stopped, the disconnection alert for the xDS-fed pod only; the server pod killed,
-///   the scrape-failure alert for it;
+/// * every rule evaluates without error; the NACK and error-ratio alerts go active, and the
+///   overload and not-ready alerts for the pod over its limit only; the control plane stopped,
+///   the disconnection alert for the xDS-fed pod only; the server pod killed, the
+///   scrape-failure alert for it;
 /// * every metric and label name of the dashboard and the rules is in the sidecars' `/metrics`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_answers_every_panel_and_rule_from_live_sidecars() {
@@ -867,7 +868,23 @@ async fn prometheus_answers_every_panel_and_rule_from_live_sidecars() {
     );
     let cp = ControlPlane::start(Server::Tonic, Listen::Tcp(cp_addr(&net)), fx).await;
     let xds = xds_client(&certs, xds_pod, &cp.address(), &[], "").await;
-    let pods = [client.admin_addr(), server.admin_addr(), xds.admin_addr()];
+    // Its resident set is above 4 MiB from the start: overload step 2 and never ready, so the
+    // memory panel and the overload and readiness alerts have a sidecar with a limit.
+    let overloaded = client_proxy_builder(
+        &certs,
+        net.pod(4),
+        "services: {}\n",
+        "overload:\n  memory_limit: 4Mi\n",
+    )
+    .no_wait()
+    .start()
+    .await;
+    let pods = [
+        client.admin_addr(),
+        server.admin_addr(),
+        xds.admin_addr(),
+        overloaded.admin_addr(),
+    ];
     let instances: BTreeSet<String> = pods.iter().map(|a| a.to_string()).collect();
     let prom = Prometheus::start(SocketAddr::new(net.pod(14).proxy_ip(), 19090), &pods).await;
 
@@ -1148,6 +1165,17 @@ async fn prometheus_answers_every_panel_and_rule_from_live_sidecars() {
         |got| got.contains("0"),
     )
     .await;
+    // Pending counts: the test does not wait out `for`.
+    let overloaded_instance = overloaded.admin_addr().to_string();
+    for name in ["AetherProxyOverloaded", "AetherProxyNotReady"] {
+        let got = prom
+            .wait_alert(name, "instance", "the pod over its memory limit", |got| {
+                got.contains(&overloaded_instance)
+            })
+            .await;
+        let only = BTreeSet::from([overloaded_instance.clone()]);
+        assert_eq!(got, only, "{name}: only the pod over its limit");
+    }
     let alerts = prom.alerts().await;
     assert!(
         !alerts
@@ -1165,7 +1193,7 @@ async fn prometheus_answers_every_panel_and_rule_from_live_sidecars() {
 
     // Every metric and label the dashboard and the rules name is exported by the sidecars.
     let mut exported = BTreeMap::new();
-    for p in [&client, &server, &xds] {
+    for p in [&client, &server, &xds, &overloaded] {
         let r = p.admin_get("/metrics").await.unwrap();
         assert_eq!(r.status.as_u16(), 200);
         exposition_labels(&r.text(), &mut exported);
