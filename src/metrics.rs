@@ -220,7 +220,7 @@ impl Metrics {
         );
         registry.register(
             "aether_connections_rejected",
-            "Downstream connections closed by a listener cap",
+            "Downstream connections closed at accept: a listener cap, or overload",
             connections_rejected.clone(),
         );
         let headers_dropped = Family::<DirectionLabels, Counter>::default();

@@ -916,9 +916,13 @@ async fn the_relay_follows_changes_to_resolv_conf() {
     assert_eq!(m.metadata.response_code, ResponseCode::ServFail, "{m}");
 
     std::fs::write(ns.etc().join("resolv.conf"), "nameserver 127.0.0.1\n").unwrap();
-    eventually(Duration::from_secs(10), "example.test relayed", async || {
-        let m = udp_ask(&sock, server, &query("example.test", RecordType::A, false)).await;
-        holds(v4s(&m) == vec![Ipv4Addr::new(192, 0, 2, 7)]).map_err(|_| m.to_string())
-    })
+    eventually(
+        Duration::from_secs(10),
+        "example.test relayed",
+        async || {
+            let m = udp_ask(&sock, server, &query("example.test", RecordType::A, false)).await;
+            holds(v4s(&m) == vec![Ipv4Addr::new(192, 0, 2, 7)]).map_err(|_| m.to_string())
+        },
+    )
     .await;
 }
