@@ -11,6 +11,7 @@
 //! 4. any other destination: `outbound.egress` (closed without a byte, or connected as is).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
 
 use tokio::net::TcpStream;
 
@@ -120,8 +121,7 @@ pub async fn egress(action: Egress, drain: &Drain, mut tcp: TcpStream, dst: Sock
         .inc();
     let mut log = ConnLog::new(Direction::outbound, "egress", dst.to_string());
     if action == Egress::Deny {
-        // Closed without a byte.
-        drop(tcp);
+        refuse_with_fin(tcp).await;
         log.error = Some("egress-denied");
         return log.finish(&Spliced::refused());
     }
@@ -142,6 +142,30 @@ pub async fn egress(action: Egress, drain: &Drain, mut tcp: TcpStream, dst: Sock
     let idle = crate::http::limits::timers().tunnel_idle;
     let spliced = crate::sockets::splice(&mut tcp, &mut far, idle, "outbound", drain).await;
     log.finish(&spliced);
+}
+
+/// How much of what a denied client already sent is read and dropped, and for how long.
+const DENY_DRAIN_BYTES: usize = 64 << 10;
+const DENY_DRAIN_TIME: Duration = Duration::from_secs(1);
+
+/// Closes a denied connection without a byte, with a FIN: the client's bytes already sent are
+/// read and dropped first (a little, briefly), since closing a socket with unread bytes makes
+/// the kernel answer with a reset, which a client reports as a broken connection rather than
+/// a refused one.
+async fn refuse_with_fin(mut tcp: TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _ = tcp.shutdown().await;
+    let mut buf = [0u8; 4096];
+    let mut left = DENY_DRAIN_BYTES;
+    let _ = tokio::time::timeout(DENY_DRAIN_TIME, async {
+        while let Ok(n @ 1..) = tcp.read(&mut buf).await {
+            left = left.saturating_sub(n);
+            if left == 0 {
+                return;
+            }
+        }
+    })
+    .await;
 }
 
 /// Counts a captured tcp connection as a request of the service's port (as CONNECT is).

@@ -556,11 +556,19 @@ async fn unmodified_clients_reach_service_ports_and_other_destinations_are_denie
             .await
     );
 
-    // Anything else is egress: denied, closed without a byte, never reaching the host.
+    // Anything else is egress: denied, closed without a byte, never reaching the host, and
+    // with a FIN though the client had sent bytes (not a reset).
     let elsewhere = SocketAddr::new(IpAddr::V4(ns.outside_ip()), 7000);
-    assert!(
-        ns.within(move || closed_without_a_byte(elsewhere, b"GET / HTTP/1.1\r\n\r\n"))
-            .await
+    let refused = ns.within(move || {
+        let mut s = std::net::TcpStream::connect_timeout(&elsewhere, Duration::from_secs(5))?;
+        s.write_all(b"GET / HTTP/1.1\r\nhost: elsewhere\r\n\r\n")?;
+        s.set_read_timeout(Some(Duration::from_secs(3)))?;
+        s.read(&mut [0u8; 64])
+    });
+    assert_eq!(
+        refused.await.map_err(|e| e.kind()),
+        Ok(0),
+        "a denied egress"
     );
     let reached = tokio::time::timeout(Duration::from_millis(300), outside.accept()).await;
     assert!(
