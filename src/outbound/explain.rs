@@ -142,12 +142,12 @@ pub fn explain(outbound: &Outbound, q: &Question) -> Value {
     let (route_json, subsets) = route_of(service, &q.headers);
     out["route"] = route_json;
     out["endpoints"] = endpoints(outbound, &cluster, &subsets);
-    // As `lb::pick` counts them: eligible (not draining, inside the route), then healthy.
+    // As `lb::pick` counts them: eligible for one of the route's subsets, then healthy.
     let now = cluster.now_ms();
     let eligible: Vec<_> = cluster
         .endpoints
         .iter()
-        .filter(|e| !e.draining && in_route(&e.labels, &subsets))
+        .filter(|e| eligible_in_route(e, &subsets))
         .collect();
     if eligible.is_empty() {
         return refuse(
@@ -229,6 +229,17 @@ fn route_of<'s>(
 
 fn in_route(labels: &crate::catalog::Labels, subsets: &[&crate::catalog::Labels]) -> bool {
     subsets.is_empty() || subsets.iter().any(|s| route::labels_match(labels, s))
+}
+
+/// `lb::eligible` for a route that may choose any of `subsets` (none: the whole cluster).
+fn eligible_in_route(
+    e: &super::cluster::EndpointState,
+    subsets: &[&crate::catalog::Labels],
+) -> bool {
+    match subsets {
+        [] => lb::eligible(e, None),
+        _ => subsets.iter().any(|s| lb::eligible(e, Some(s))),
+    }
 }
 
 /// The cluster's endpoints in the order traffic prefers them: by level (the control plane's

@@ -38,6 +38,13 @@ pub fn level(cluster: &Cluster, own: Option<&Locality>, e: &EndpointState) -> us
     }
 }
 
+/// Whether `e` may take new requests of a route choosing `subset`: it advertises the port
+/// (every cluster member does), is not draining, and carries the subset's labels. `explain`
+/// asks the same question.
+pub fn eligible(e: &EndpointState, subset: Option<&Labels>) -> bool {
+    !e.draining && subset.is_none_or(|s| labels_match(&e.labels, s))
+}
+
 /// Picks an endpoint for a new request. `exclude` holds endpoints already tried by this
 /// request. `roll` values are uniform random numbers (injected for tests).
 pub fn pick(
@@ -48,13 +55,7 @@ pub fn pick(
     mut roll: impl FnMut(usize) -> usize,
 ) -> Result<Arc<EndpointState>, Reason> {
     let now = cluster.now_ms();
-    // Eligible: advertises the port (every cluster member does), not draining, in the subset.
-    let eligible = || {
-        cluster
-            .endpoints
-            .iter()
-            .filter(|e| !e.draining && subset.is_none_or(|s| labels_match(&e.labels, s)))
-    };
+    let eligible = || cluster.endpoints.iter().filter(|e| eligible(e, subset));
     let mut total = [0usize; LEVELS];
     let mut healthy = [0usize; LEVELS];
     // Per level, of its healthy endpoints: the sum of their weights and whether all are equal.
