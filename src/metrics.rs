@@ -111,7 +111,8 @@ pub struct XdsUpdateLabels {
 }
 
 pub struct Metrics {
-    pub registry: Registry,
+    /// Subsystems add their own families at start (`register`).
+    registry: std::sync::Mutex<Registry>,
     pub requests: Family<RequestLabels, Counter>,
     pub duration: Family<DirectionLabels, Histogram>,
     /// `duration`'s two series, resolved once: every request observes one, and the family's
@@ -141,20 +142,12 @@ pub struct Metrics {
     pub tls_client_sessions: Gauge,
     /// Admin requests refused (`origin`, `body`).
     pub admin_refused: Family<ReasonLabels, Counter>,
-    /// DNS queries by what became of them (`dns::answer::Outcome`).
-    pub dns_queries: Family<ResultLabels, Counter>,
-    /// DNS queries answered SERVFAIL because every in-flight place was taken.
-    pub dns_overloaded: Counter,
     /// Seconds until the earliest certificate of each kind expires; set at scrape time.
     pub certificate_expiry: Family<CertLabels, Gauge>,
     /// Captured connections to destinations outside the mesh, by what `outbound.egress` did.
     pub egress: Family<EgressLabels, Counter>,
     /// Captured connections to a service's HTTP port whose first bytes were not HTTP (closed).
     pub captured_not_http: Counter,
-    /// Spans accepted by the OTLP collector.
-    pub trace_spans_exported: Counter,
-    /// Spans dropped: the export queue was full, or the collector failed or was unreachable.
-    pub trace_spans_dropped: Counter,
     /// Requests the proxy answered itself, by direction and `x-aether-error` reason.
     pub errors: Family<ErrorLabels, Counter>,
     /// 1 while `/readyz` answers 200; set when scraped.
@@ -228,18 +221,6 @@ impl Metrics {
         let access_log_dropped = Counter::default();
         let tls_client_sessions = Gauge::default();
         let admin_refused = Family::<ReasonLabels, Counter>::default();
-        let dns_queries = Family::<ResultLabels, Counter>::default();
-        let dns_overloaded = Counter::default();
-        registry.register(
-            "aether_dns_queries",
-            "DNS queries, by result",
-            dns_queries.clone(),
-        );
-        registry.register(
-            "aether_dns_overloaded",
-            "DNS queries answered SERVFAIL because too many were in flight",
-            dns_overloaded.clone(),
-        );
         let certificate_expiry = Family::<CertLabels, Gauge>::default();
         let resident_memory = Gauge::default();
         registry.register(
@@ -258,19 +239,6 @@ impl Metrics {
             "aether_ready",
             "1 while /readyz answers 200 (ready), else 0; read when scraped",
             ready.clone(),
-        );
-        crate::overload::metrics().register(&mut registry);
-        let trace_spans_exported = Counter::default();
-        let trace_spans_dropped = Counter::default();
-        registry.register(
-            "aether_trace_spans_exported",
-            "Spans accepted by the OTLP collector",
-            trace_spans_exported.clone(),
-        );
-        registry.register(
-            "aether_trace_spans_dropped",
-            "Spans dropped because the export queue was full or the collector failed",
-            trace_spans_dropped.clone(),
         );
         registry.register(
             "aether_certificate_expiry_seconds",
@@ -402,7 +370,7 @@ impl Metrics {
             let _ = identity_reloads.get_or_create(&ResultLabels { result });
         }
         Metrics {
-            registry,
+            registry: std::sync::Mutex::new(registry),
             requests,
             duration,
             duration_by_direction,
@@ -422,14 +390,10 @@ impl Metrics {
             access_log_dropped,
             tls_client_sessions,
             admin_refused,
-            dns_queries,
-            dns_overloaded,
             egress,
             captured_not_http,
             certificate_expiry,
             resident_memory,
-            trace_spans_exported,
-            trace_spans_dropped,
             errors,
             ready,
         }
@@ -476,15 +440,9 @@ impl Metrics {
 
     pub fn encode(&self) -> String {
         let mut out = String::new();
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        let registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
         out
-    }
-
-    pub fn dns_query(&self, result: &'static str) {
-        let _ = self
-            .dns_queries
-            .get_or_create(&ResultLabels { result })
-            .inc();
     }
 
     pub fn identity_refused(&self, listener: &'static str) {
@@ -507,6 +465,14 @@ impl Metrics {
             .get_or_create(&HandshakeLabels { listener, result })
             .inc();
     }
+}
+
+/// Adds a subsystem's families to the registry `/metrics` encodes. Each subsystem keeps its
+/// own families beside the code that sets them (`dns::metrics`, `overload::metrics`,
+/// `trace::metrics`), and `run` creates them at start so each is there from the first scrape.
+pub fn register(add: impl FnOnce(&mut Registry)) {
+    let mut registry = get().registry.lock().unwrap_or_else(|e| e.into_inner());
+    add(&mut registry);
 }
 
 /// The process-wide metrics (one registry per process, as Prometheus expects).

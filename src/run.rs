@@ -235,6 +235,10 @@ async fn start(
     catalog: Option<Catalog>,
     set_log_filter: SetLogFilter,
 ) -> Result<Running, StartError> {
+    // Every family is in /metrics from the first scrape, whatever is configured.
+    crate::overload::metrics();
+    crate::dns::metrics::metrics();
+    crate::trace::metrics::metrics();
     let drain = Drain::default();
     let tracker = Tracker::default();
     let admin = Arc::new(Admin {
@@ -369,8 +373,6 @@ async fn start(
             close_at: o.close_at,
             resume_gap: o.resume_gap,
         };
-        // Registers the overload families before they are first set.
-        crate::metrics::get();
         crate::overload::start(
             o.memory_limit,
             thresholds,

@@ -5,6 +5,7 @@
 
 pub mod answer;
 pub mod forward;
+pub mod metrics;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,7 +19,6 @@ use tokio::time::Instant;
 
 use crate::catalog::CatalogStore;
 use crate::drain::{accept_until_closing, Drain, Phase, Tracker};
-use crate::metrics::ResultLabels;
 use answer::{Answerer, Outcome, Step};
 
 /// Queries waiting on an upstream or on discovery at once; past it, SERVFAIL at once.
@@ -57,14 +57,7 @@ impl Dns {
                 "dns: no upstream resolver in /etc/resolv.conf; other names get SERVFAIL"
             );
         }
-        // Every result reads 0 rather than absent from the start.
-        for outcome in Outcome::ALL {
-            let _ = crate::metrics::get()
-                .dns_queries
-                .get_or_create(&ResultLabels {
-                    result: outcome.as_str(),
-                });
-        }
+        metrics::metrics();
         Dns {
             answerer: Answerer::new(mesh_domain, ipv6),
             catalog,
@@ -219,7 +212,7 @@ impl Dns {
 
     /// SERVFAIL for a query that found every in-flight place taken.
     fn overloaded(&self, step: &Step, send: impl FnOnce(Vec<u8>)) {
-        crate::metrics::get().dns_overloaded.inc();
+        metrics::metrics().overloaded.inc();
         count(Outcome::ServFail);
         if let Step::Forward { query, .. } | Step::Discover { query, .. } = step {
             send(answer::servfail(query));
@@ -291,5 +284,5 @@ impl Dns {
 }
 
 fn count(outcome: Outcome) {
-    crate::metrics::get().dns_query(outcome.as_str());
+    metrics::count(outcome);
 }

@@ -64,8 +64,7 @@ pub fn count(action: &'static str) {
         .inc();
 }
 
-/// The overload families: kept here, beside what sets them, and registered by `metrics` with
-/// the rest (`Metrics::register`).
+/// The overload families, registered with the rest on first use.
 pub fn metrics() -> &'static Metrics {
     static METRICS: std::sync::OnceLock<Metrics> = std::sync::OnceLock::new();
     METRICS.get_or_init(|| {
@@ -79,6 +78,7 @@ pub fn metrics() -> &'static Metrics {
         for action in ACTIONS {
             let _ = m.actions.get_or_create(&ActionLabels { action });
         }
+        crate::metrics::register(|registry| m.register(registry));
         m
     })
 }
@@ -105,7 +105,7 @@ pub struct ActionLabels {
 }
 
 impl Metrics {
-    pub fn register(&self, registry: &mut Registry) {
+    fn register(&self, registry: &mut Registry) {
         let m = self;
         registry.register(
             "aether_overload_state",

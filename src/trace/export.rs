@@ -15,8 +15,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 
+use super::metrics::metrics;
 use super::span::{Finished, Side};
-use crate::metrics;
 
 /// Spans waiting for export; past it new spans are dropped (and counted).
 pub const QUEUE: usize = 2048;
@@ -97,7 +97,7 @@ impl Exporter {
     /// Queues a finished span; a full queue (or a stopped task) drops it and counts it.
     pub fn push(&self, span: Finished) {
         if self.queue.try_send(span).is_err() {
-            metrics::get().trace_spans_dropped.inc();
+            metrics().dropped.inc();
         }
     }
 }
@@ -162,15 +162,15 @@ impl Task {
         {
             let n = batch.len() as u64;
             let spans: Vec<Span> = batch.drain(..).map(to_proto).collect();
-            let m = metrics::get();
+            let m = metrics();
             match self.export(spans).await {
                 Ok(rejected) => {
                     let rejected = rejected.min(n);
-                    m.trace_spans_exported.inc_by(n - rejected);
-                    m.trace_spans_dropped.inc_by(rejected);
+                    m.exported.inc_by(n - rejected);
+                    m.dropped.inc_by(rejected);
                 }
                 Err(e) => {
-                    m.trace_spans_dropped.inc_by(n);
+                    m.dropped.inc_by(n);
                     if self.failures == 1 {
                         tracing::warn!("span export to {} failed: {e}", self.endpoint);
                     } else {
@@ -364,9 +364,9 @@ mod tests {
     #[tokio::test]
     async fn a_full_queue_drops_and_counts() {
         let (e, _rx) = Exporter::with_queue(1);
-        let before = metrics::get().trace_spans_dropped.get();
+        let before = metrics().dropped.get();
         e.push(finished(200, None));
         e.push(finished(200, None));
-        assert_eq!(metrics::get().trace_spans_dropped.get(), before + 1);
+        assert_eq!(metrics().dropped.get(), before + 1);
     }
 }

@@ -7,6 +7,7 @@
 
 pub mod context;
 pub mod export;
+pub mod metrics;
 pub mod span;
 
 use std::sync::{Arc, OnceLock};
