@@ -102,14 +102,6 @@ pub struct ResultLabels {
     pub result: &'static str,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct XdsUpdateLabels {
-    /// `cluster`, `endpoint` or `secret`.
-    pub r#type: &'static str,
-    /// `ack` or `nack`.
-    pub result: &'static str,
-}
-
 pub struct Metrics {
     /// Subsystems add their own families at start (`register`).
     registry: std::sync::Mutex<Registry>,
@@ -124,11 +116,8 @@ pub struct Metrics {
     pub outlier_ejections: Family<ServicePortLabels, Counter>,
     pub catalog_reloads: Family<ResultLabels, Counter>,
     pub identity_reloads: Family<ResultLabels, Counter>,
-    /// 1 while the ADS stream is up.
-    pub xds_connected: Gauge,
     /// The process's resident set, set when scraped.
     pub resident_memory: Gauge,
-    pub xds_updates: Family<XdsUpdateLabels, Counter>,
     pub overflows: Family<OverflowLabels, Counter>,
     pub retries: Family<RetryLabels, Counter>,
     pub connections_rejected: Family<RejectedLabels, Counter>,
@@ -196,8 +185,6 @@ impl Metrics {
         let outlier_ejections = Family::<ServicePortLabels, Counter>::default();
         let catalog_reloads = Family::<ResultLabels, Counter>::default();
         let identity_reloads = Family::<ResultLabels, Counter>::default();
-        let xds_connected = Gauge::default();
-        let xds_updates = Family::<XdsUpdateLabels, Counter>::default();
         let overflows = Family::<OverflowLabels, Counter>::default();
         let retries = Family::<RetryLabels, Counter>::default();
         registry.register(
@@ -285,16 +272,6 @@ impl Metrics {
             "Admin POST requests refused (an Origin header or a body)",
             admin_refused.clone(),
         );
-        registry.register(
-            "aether_xds_connected",
-            "1 while the control-plane stream is up",
-            xds_connected.clone(),
-        );
-        registry.register(
-            "aether_xds_updates",
-            "Control-plane updates, acknowledged or refused",
-            xds_updates.clone(),
-        );
         registry.register("aether_requests", "Requests handled", requests.clone());
         registry.register(
             "aether_request_duration_seconds",
@@ -380,8 +357,6 @@ impl Metrics {
             outlier_ejections,
             catalog_reloads,
             identity_reloads,
-            xds_connected,
-            xds_updates,
             overflows,
             retries,
             connections_rejected,
@@ -428,13 +403,6 @@ impl Metrics {
     pub fn connection_rejected(&self, listener: &'static str, reason: &'static str) {
         self.connections_rejected
             .get_or_create(&RejectedLabels { listener, reason })
-            .inc();
-    }
-
-    pub fn xds_update(&self, r#type: &'static str, ack: bool) {
-        let result = if ack { "ack" } else { "nack" };
-        self.xds_updates
-            .get_or_create(&XdsUpdateLabels { r#type, result })
             .inc();
     }
 

@@ -239,6 +239,7 @@ async fn start(
     crate::overload::metrics();
     crate::dns::metrics::metrics();
     crate::trace::metrics::metrics();
+    crate::xds::metrics::metrics();
     let drain = Drain::default();
     let tracker = Tracker::default();
     let admin = Arc::new(Admin {

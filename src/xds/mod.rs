@@ -8,6 +8,7 @@
 
 mod assembly;
 pub mod channel;
+pub mod metrics;
 pub mod node;
 pub mod resources;
 pub mod sds;

@@ -19,7 +19,6 @@ use super::channel;
 use super::resources::SECRET_TYPE;
 use crate::config::GrpcAddress;
 use crate::identity::{Contexts, IdentitySpec, IdentityStore};
-use crate::metrics;
 
 pub const WORKLOAD: &str = "default";
 
@@ -175,12 +174,12 @@ async fn session(
         let error = match outcome {
             Ok(()) => {
                 version = resp.version_info.clone();
-                metrics::get().xds_update("secret", true);
+                super::metrics::update("secret", true);
                 None
             }
             Err(e) => {
                 tracing::warn!("SDS {name}: refused: {e}");
-                metrics::get().xds_update("secret", false);
+                super::metrics::update("secret", false);
                 Some(format!("{name}: {e}"))
             }
         };

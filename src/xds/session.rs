@@ -30,7 +30,6 @@ use crate::catalog::model::clock_secs;
 use crate::catalog::CatalogStore;
 use crate::config::{Config, XdsConfig};
 use crate::identity::IdentityStore;
-use crate::metrics;
 
 /// The largest response accepted (tonic's default is 4 MiB): the assignments of a large service
 /// run past that, and the whole response is held while it is checked.
@@ -104,7 +103,7 @@ impl Ads {
             match self.session(&mut state, &mut wants).await {
                 Ok(()) => return, // the store is gone: the process is ending
                 Err(Ended { heard }) => {
-                    metrics::get().xds_connected.set(0);
+                    super::metrics::metrics().connected.set(0);
                     self.set_connected(false);
                     failures = if heard { 1 } else { failures.saturating_add(1) };
                 }
@@ -161,7 +160,7 @@ impl Ads {
         state.subs.restart();
         self.sync_subscriptions(state, &mut out, true);
         // As Envoy counts it: connected once the stream is started, before any answer.
-        metrics::get().xds_connected.set(1);
+        super::metrics::metrics().connected.set(1);
         self.set_connected(true);
         tracing::info!(address = %self.cfg.address, "control plane: stream started");
         let sweep_every =
@@ -279,7 +278,7 @@ impl Ads {
         };
         match state.accept(kind, &resp, &self.mesh_domain, &self.trust_domain) {
             Ok(changed) => {
-                metrics::get().xds_update(kind.metric(), true);
+                super::metrics::update(kind.metric(), true);
                 out.send(ack(&resp, None));
                 if changed {
                     self.sync_subscriptions(state, out, false);
@@ -289,7 +288,7 @@ impl Ads {
                 }
             }
             Err(e) => {
-                metrics::get().xds_update(kind.metric(), false);
+                super::metrics::update(kind.metric(), false);
                 tracing::warn!("control plane: update refused, keeping the last good version: {e}");
                 let resource = match &e.origin {
                     crate::validation::Origin::Resource(r) => r.clone(),
