@@ -6,7 +6,7 @@ use tokio::time::Instant;
 /// Follows HTTP/2 frame boundaries (after the preface) just far enough to know when a header
 /// block (HEADERS or PUSH_PROMISE, then CONTINUATION up to END_HEADERS) is open.
 #[derive(Default)]
-pub(super) struct Frames {
+pub(crate) struct Frames {
     head: [u8; 9],
     head_len: usize,
     payload_left: usize,
@@ -23,11 +23,11 @@ impl Frames {
     const END_HEADERS: u8 = 0x4;
 
     /// When the open header block began; `None` when no block is open.
-    pub(super) fn block_since(&self) -> Option<Instant> {
+    pub(crate) fn block_since(&self) -> Option<Instant> {
         self.block_since
     }
 
-    pub(super) fn feed(&mut self, mut bytes: &[u8], now: Instant) {
+    pub(crate) fn feed(&mut self, mut bytes: &[u8], now: Instant) {
         while !bytes.is_empty() {
             if self.payload_left > 0 {
                 let k = self.payload_left.min(bytes.len());

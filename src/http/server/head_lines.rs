@@ -11,7 +11,7 @@ use crate::http::headers::MAX_HEADERS;
 /// drops a `Content-Length` beside `Transfer-Encoding`, and a second equal one, so only the
 /// bytes show a head whose framing is ambiguous (SPEC 11: 400 and close, as Envoy answers).
 #[derive(Default)]
-pub(super) struct HeadLines {
+pub(crate) struct HeadLines {
     at: LineAt,
     fields: usize,
     /// The field being read, lowercased up to its colon, while it may still be a framing one.
@@ -21,7 +21,7 @@ pub(super) struct HeadLines {
     lengths: u8,
     coded: bool,
     /// Refused for ambiguous framing (else, when `feed` refused, for too many fields).
-    pub(super) ambiguous: bool,
+    pub(crate) ambiguous: bool,
 }
 
 /// `transfer-encoding`, the longer of the two framing field names.
@@ -44,7 +44,7 @@ enum LineAt {
 impl HeadLines {
     /// True once the head has more fields than SPEC section 8 allows, or framing fields that
     /// contradict each other (`ambiguous`).
-    pub(super) fn feed(&mut self, bytes: &[u8]) -> bool {
+    pub(crate) fn feed(&mut self, bytes: &[u8]) -> bool {
         // A field name split between two reads goes on here.
         if self.naming && self.name_more(bytes) {
             return true;
@@ -104,6 +104,11 @@ impl HeadLines {
                 }
             }
         }
+    }
+
+    /// The field lines counted so far, and whether the blank line that ends the head came.
+    pub(crate) fn progress(&self) -> (usize, bool) {
+        (self.fields, self.at == LineAt::End)
     }
 
     /// A field line begins at `from[0]`; true when the head must be refused.

@@ -21,6 +21,8 @@ mod timers;
 pub use guarded::Guarded;
 pub use requests::{ConnRequests, GoneOnDrop, RequestOpen};
 pub use sniff::{Codec, Wire};
+// For `crate::fuzzing` only, which wraps them for the fuzz targets.
+pub(crate) use self::{h2_frames::Frames, head_lines::HeadLines, sniff::Seen};
 
 use hyper_util::rt::TokioTimer;
 

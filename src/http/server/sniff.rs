@@ -33,7 +33,7 @@ pub enum Codec {
 }
 
 /// What the bytes so far say the connection speaks.
-pub(super) enum Seen {
+pub(crate) enum Seen {
     /// This many bytes of the HTTP/2 preface matched so far.
     Preface(usize),
     H1,
@@ -41,19 +41,19 @@ pub(super) enum Seen {
 }
 
 impl Seen {
-    pub(super) fn new(wire: Wire) -> Seen {
+    pub(crate) fn new(wire: Wire) -> Seen {
         match wire {
             Wire::H1 => Seen::H1,
             Wire::H2 | Wire::Sniff => Seen::Preface(0),
         }
     }
 
-    pub(super) fn is_h2(&self) -> bool {
+    pub(crate) fn is_h2(&self) -> bool {
         matches!(self, Seen::H2(_))
     }
 
     /// When the open HTTP/2 header block began, if one is open.
-    pub(super) fn header_block_since(&self) -> Option<Instant> {
+    pub(crate) fn header_block_since(&self) -> Option<Instant> {
         match self {
             Seen::H2(frames) => frames.block_since(),
             _ => None,
@@ -62,7 +62,7 @@ impl Seen {
 
     /// Notes bytes that arrived: the preface as it matches, then HTTP/2 frames. True when
     /// these bytes completed the preface.
-    pub(super) fn arrived(&mut self, got: &[u8], now: Instant) -> bool {
+    pub(crate) fn arrived(&mut self, got: &[u8], now: Instant) -> bool {
         let mut rest = got;
         let mut completed = false;
         if let Seen::Preface(matched) = *self {
