@@ -700,6 +700,23 @@ impl Upstream {
     }
 }
 
+/// A client pod's sidecar serving DNS inside `ns` (catalog: `payments`), answering; what
+/// must outlive the test (the network claim, the certificates, the proxy) and the DNS
+/// listener's address.
+async fn relaying_sidecar(ns: &NetNs) -> ((Net, Certs, Proxy), SocketAddr) {
+    let certs = certs();
+    let net = Net::fresh();
+    let pod = net.pod(0);
+    let cat = catalog(&[one_service(&certs, "payments", net.pod(1).proxy_ip())]);
+    let proxy = client_proxy_builder(&certs, pod, &cat, &dns_yaml(pod, false))
+        .netns(&ns.name)
+        .start()
+        .await;
+    let server = dns_addr(pod);
+    wait_answering(ns, server).await;
+    ((net, certs, proxy), server)
+}
+
 /// Names outside the mesh go to resolv.conf's server unchanged (id kept), over TCP when the UDP
 /// answer is truncated; a server that never answers means SERVFAIL after about 2 s; mesh names,
 /// known or not, never reach the upstream.
@@ -796,17 +813,8 @@ async fn other_names_are_forwarded_to_resolv_conf() {
 async fn the_next_nameserver_is_tried() {
     let ns = NetNs::new("nameserver 127.0.0.9\nnameserver 127.0.0.1\n");
     let _upstream = Upstream::start(&ns);
-    let certs = certs();
-    let net = Net::fresh();
-    let pod = net.pod(0);
-    let cat = catalog(&[one_service(&certs, "payments", net.pod(1).proxy_ip())]);
-    let _proxy = client_proxy_builder(&certs, pod, &cat, &dns_yaml(pod, false))
-        .netns(&ns.name)
-        .start()
-        .await;
-    let server = dns_addr(pod);
+    let (_sidecar, server) = relaying_sidecar(&ns).await;
     let sock = ns.udp("127.0.0.1:0");
-    wait_answering(&ns, server).await;
     // 127.0.0.9:53 refuses (ICMP port unreachable): the second server answers well within 2 s.
     let t = Instant::now();
     let m = udp_ask(&sock, server, &query("example.test", RecordType::A, false)).await;
@@ -825,16 +833,7 @@ async fn the_next_nameserver_is_tried() {
 async fn forwarding_is_bounded() {
     let ns = NetNs::new("nameserver 127.0.0.1\n");
     let _upstream = Upstream::start(&ns);
-    let certs = certs();
-    let net = Net::fresh();
-    let pod = net.pod(0);
-    let cat = catalog(&[one_service(&certs, "payments", net.pod(1).proxy_ip())]);
-    let _proxy = client_proxy_builder(&certs, pod, &cat, &dns_yaml(pod, false))
-        .netns(&ns.name)
-        .start()
-        .await;
-    let server = dns_addr(pod);
-    wait_answering(&ns, server).await;
+    let (_sidecar, server) = relaying_sidecar(&ns).await;
 
     let sock = Arc::new(ns.udp("127.0.0.1:0"));
     let total = 1100usize;
@@ -901,17 +900,8 @@ crate::on_both_control_planes!(on_demand_names_resolve_on_first_query,);
 async fn the_relay_follows_changes_to_resolv_conf() {
     let ns = NetNs::new("nameserver 127.0.0.9\n");
     let _upstream = Upstream::start(&ns);
-    let certs = certs();
-    let net = Net::fresh();
-    let pod = net.pod(0);
-    let cat = catalog(&[one_service(&certs, "payments", net.pod(1).proxy_ip())]);
-    let _proxy = client_proxy_builder(&certs, pod, &cat, &dns_yaml(pod, false))
-        .netns(&ns.name)
-        .start()
-        .await;
-    let server = dns_addr(pod);
+    let (_sidecar, server) = relaying_sidecar(&ns).await;
     let sock = ns.udp("127.0.0.1:0");
-    wait_answering(&ns, server).await;
     let m = udp_ask(&sock, server, &query("example.test", RecordType::A, false)).await;
     assert_eq!(m.metadata.response_code, ResponseCode::ServFail, "{m}");
 
