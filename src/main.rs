@@ -48,6 +48,10 @@ enum Cmd {
         /// many seconds, print what came back, and stop.
         #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=3600))]
         load: Option<u64>,
+        /// With --load: a chaos soak. Inject faults on a printed schedule (rollouts, sidecar
+        /// and app restarts, certificate rotation, abuse bursts) and account for every failure.
+        #[arg(long, requires = "load")]
+        chaos: bool,
     },
     /// Ask a running sidecar where a request would go, without sending it.
     Explain {
@@ -108,7 +112,7 @@ fn main() -> ExitCode {
             trust_domain,
             workloads,
         } => aether_proxy::identity::certgen::main(&out, &trust_domain, &workloads),
-        Cmd::Demo { load } => aether_proxy::demo::main(load),
+        Cmd::Demo { load, chaos } => aether_proxy::demo::main(load, chaos),
         Cmd::Explain {
             admin,
             authority,

@@ -346,8 +346,11 @@ async fn start(
             Ok(crate::outbound::explain::explain(&outbound, &q))
         })
     });
+    runtime_tasks();
     let _ = admin.before_scrape.set({
         let identity = identity.clone();
+        // Scrapes run on the admin thread's runtime; the count is the data path's.
+        let data_runtime = tokio::runtime::Handle::current();
         Box::new(move || {
             use crate::identity::expiry::{seconds_left, unix_now, Kind};
             let current = identity.current();
@@ -365,6 +368,8 @@ async fn start(
                 let rss = i64::try_from(rss).unwrap_or(i64::MAX);
                 crate::metrics::get().resident_memory.set(rss);
             }
+            let tasks = data_runtime.metrics().num_alive_tasks();
+            runtime_tasks().set(i64::try_from(tasks).unwrap_or(i64::MAX));
         })
     });
     if cfg.overload.enabled {
@@ -646,4 +651,22 @@ async fn signals(drain: Drain) {
         _ = int.recv() => tracing::info!("SIGINT: starting drain"),
     }
     drain.advance(Phase::Notifying);
+}
+
+/// `aether_runtime_tasks`: tasks alive on the data-path runtime, set when scraped. A count
+/// that only grows under steady traffic is a leak (a soak watches it).
+fn runtime_tasks() -> &'static prometheus_client::metrics::gauge::Gauge {
+    static TASKS: std::sync::OnceLock<prometheus_client::metrics::gauge::Gauge> =
+        std::sync::OnceLock::new();
+    TASKS.get_or_init(|| {
+        let g = prometheus_client::metrics::gauge::Gauge::default();
+        crate::metrics::register(|registry| {
+            registry.register(
+                "aether_runtime_tasks",
+                "Tasks alive on the data-path runtime, read when scraped",
+                g.clone(),
+            );
+        });
+        g
+    })
 }
