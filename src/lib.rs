@@ -8,13 +8,15 @@
 //! `metrics`, `accesslog` and `trace` are the operator's side; `overload` sheds load inside a
 //! memory limit. `validation` is how bad input is
 //! reported; `sockets` is what every TCP socket of the data path shares (keepalive, idle splicing);
-//! `capture` is transparent capture's netfilter rules and the original-destination read.
+//! `capture` is transparent capture's netfilter rules and the original-destination read;
+//! `control_plane` is a small delta ADS server for a catalog file (a command of its own).
 
 pub mod accesslog;
 pub mod admin;
 pub mod capture;
 pub mod catalog;
 pub mod config;
+pub mod control_plane;
 pub mod demo;
 pub mod dns;
 pub mod drain;

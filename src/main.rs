@@ -70,6 +70,21 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Serve a catalog file over delta ADS (Clusters and assignments), for sidecars in xDS mode.
+    ControlPlane {
+        /// The catalog file (the format of `catalog.path`), watched for changes.
+        #[arg(long)]
+        catalog: PathBuf,
+        /// `host:port` on loopback, or `unix:///absolute/path` (plaintext gRPC).
+        #[arg(long)]
+        listen: String,
+        /// The mesh domain in cluster names (`<service>.<mesh domain>[:<port>]`).
+        #[arg(long, default_value = "aether.internal")]
+        mesh_domain: String,
+        /// The trust domain every service identity must be in.
+        #[arg(long, default_value = "aether.local")]
+        trust_domain: String,
+    },
     /// The pod's capture rules: print them as `iptables-restore` input, apply or remove them.
     Redirect {
         /// The proxy's uid; its own connections are never captured.
@@ -120,6 +135,17 @@ fn main() -> ExitCode {
             connect,
             json,
         } => aether_proxy::outbound::explain::cli(admin, &authority, &headers, connect, json),
+        Cmd::ControlPlane {
+            catalog,
+            listen,
+            mesh_domain,
+            trust_domain,
+        } => aether_proxy::control_plane::main(aether_proxy::control_plane::Options {
+            catalog,
+            listen,
+            mesh_domain,
+            trust_domain,
+        }),
         Cmd::Redirect {
             proxy_uid,
             outbound_port,

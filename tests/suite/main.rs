@@ -42,6 +42,7 @@ mod retries;
 mod retry_cost;
 
 // Live changes and the control plane.
+mod control_plane_command;
 mod live;
 mod xds_control_plane;
 mod xds_identity;

@@ -244,13 +244,23 @@ impl Envoy {
     /// Runs `bin` with the bootstrap of `b` (one worker, no hot restart, the access log flushed every 50 ms) and
     /// waits until `/ready` answers 200.
     pub async fn start(bin: &Path, version: &str, b: &Bootstrap<'_>) -> Envoy {
+        Envoy::start_with(bin, version, b.admin, |access_log| bootstrap(b, access_log)).await
+    }
+
+    /// [`Envoy::start`] with a bootstrap of the caller's (given the access log's path), whose
+    /// admin listens on `admin`.
+    pub async fn start_with(
+        bin: &Path,
+        version: &str,
+        admin: SocketAddr,
+        bootstrap: impl FnOnce(&Path) -> serde_json::Value,
+    ) -> Envoy {
         let dir = tempfile::Builder::new()
             .prefix("envoy-")
             .tempdir()
             .expect("temp dir");
-        let admin = b.admin;
         let config = dir.path().join("bootstrap.json");
-        let bootstrap = bootstrap(b, &dir.path().join("access.log"));
+        let bootstrap = bootstrap(&dir.path().join("access.log"));
         fs::write(&config, serde_json::to_vec_pretty(&bootstrap).unwrap()).expect("bootstrap");
         let log = fs::File::create(dir.path().join("stderr.log")).expect("stderr.log");
         let child = Command::new(bin)
