@@ -65,11 +65,11 @@ impl Fault {
 
     fn what(self) -> &'static str {
         match self {
-            Fault::Rollout => "rollout: the catalog drops v1 and gives v2 port 8081; v1 drains (SIGTERM), restarts, and the catalog rolls back",
+            Fault::Rollout => "rollout: the catalog the control plane serves drops v1 and gives v2 port 8081; v1 drains (SIGTERM), restarts, and the catalog rolls back",
             Fault::SidecarRestart => "sidecar: payments-v1's sidecar SIGTERMed, then started again",
             Fault::AppRestart => "app: payments-v1's app on 8080 killed (port closed, connections dropped), started again 3 s later",
             Fault::CertRotation => "certs: every workload certificate re-issued from the same CA",
-            Fault::ControlPlaneRestart => "control: the control plane SIGKILLed, started again 3 s later",
+            Fault::ControlPlaneRestart => "control: the control plane SIGKILLed, started again 3 s later; every sidecar must reconnect",
             Fault::Abuse => "abuse: slowloris (100 connections, a byte a second, for up to 12 s) and 6 s of rapid reset (4 h2c connections) at the frontend",
         }
     }
@@ -172,6 +172,7 @@ pub(super) async fn run(mesh: Mesh, to: &'static str, secs: u64) -> bool {
         schedule.first().map_or(0, |s| s.1.as_secs()),
         schedule.last().map_or(0, |s| s.1.as_secs())
     );
+    println!("The sidecars get the catalog over xDS from `aether-proxy control-plane`, which serves the demo's catalog file.");
     println!("Capture (iptables) traffic is not part of the demo: it needs a network namespace.");
 
     let started = Instant::now();
@@ -320,7 +321,7 @@ async fn inject(fault: Fault, mesh: &mut Mesh, findings: &mut Findings, started:
         }
         Fault::ControlPlaneRestart => {
             match mesh.restart_control_plane(Duration::from_secs(3)).await {
-                Ok(true) => {}
+                Ok(true) => reconnected(mesh, findings, t).await,
                 Ok(false) => findings
                     .notes
                     .push("no control plane to restart: the sidecars read the catalog file".into()),
@@ -329,6 +330,29 @@ async fn inject(fault: Fault, mesh: &mut Mesh, findings: &mut Findings, started:
         }
         Fault::Abuse => abuse(CLIENT_OUTBOUND, findings, t).await,
     }
+}
+
+/// After the control plane's restart every sidecar's xDS stream must be up again: the
+/// sidecars kept serving their last catalog meanwhile, and the next rollout depends on it.
+async fn reconnected(mesh: &Mesh, findings: &mut Findings, t: u64) {
+    let since = Instant::now();
+    let deadline = since + Duration::from_secs(10);
+    for sc in &mesh.sidecars {
+        while scrape(&sc.admin, "aether_xds_connected").await != Some(1) {
+            if Instant::now() >= deadline {
+                findings.problems.push(format!(
+                    "+{t} s control: {}'s xDS stream not up again 10 s after the restart",
+                    sc.name
+                ));
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    findings.notes.push(format!(
+        "+{t} s control: every sidecar's xDS stream up again {} ms after the restart",
+        since.elapsed().as_millis()
+    ));
 }
 
 /// SIGTERM, wait for the drain's end (its exit status is recorded), start again, wait ready.
@@ -491,7 +515,7 @@ async fn sample(pids: Pids, samples: Arc<Mutex<Samples>>, started: Instant, tota
             let Some((rss, fds)) = proc_figures(pid) else {
                 continue;
             };
-            let tasks = scrape_tasks(&admin).await;
+            let tasks = scrape(&admin, "aether_runtime_tasks").await;
             let at = started.elapsed();
             let mut s = samples.lock().unwrap_or_else(|p| p.into_inner());
             let lives = s.lives.entry(name.clone()).or_default();
@@ -526,13 +550,14 @@ fn proc_figures(pid: u32) -> Option<(u64, u64)> {
     Some((rss_kib * 1024, fds))
 }
 
-async fn scrape_tasks(admin: &str) -> Option<u64> {
+/// A gauge without labels from a sidecar's `/metrics`.
+async fn scrape(admin: &str, gauge: &str) -> Option<u64> {
     let (status, _, body) = get(admin, "/metrics", admin).await.ok()?;
     if status != 200 {
         return None;
     }
     body.lines()
-        .find_map(|l| l.strip_prefix("aether_runtime_tasks "))
+        .find_map(|l| l.strip_prefix(gauge)?.strip_prefix(' '))
         .and_then(|v| v.trim().parse().ok())
 }
 

@@ -266,6 +266,21 @@ pub(super) async fn start(dir: &Path, chaos: bool) -> Result<Mesh, String> {
     }
     mesh.write_catalog(false)
         .map_err(|e| format!("writing the demo catalog: {e}"))?;
+    if chaos {
+        let catalog = mesh.catalog_path();
+        mesh.control_plane = Some(ControlPlane {
+            args: vec![
+                "control-plane".into(),
+                "--catalog".into(),
+                catalog.display().to_string(),
+                "--listen".into(),
+                format!("unix://{}", xds_socket(dir).display()),
+            ],
+            child: None,
+        });
+        mesh.spawn_control_plane()
+            .map_err(|e| format!("starting the control plane: {e}"))?;
+    }
     for (name, config, admin) in
         write_configs(dir, chaos).map_err(|e| format!("writing demo configs: {e}"))?
     {
@@ -298,10 +313,27 @@ pub(super) async fn start(dir: &Path, chaos: bool) -> Result<Mesh, String> {
     Ok(mesh)
 }
 
+/// Where the demo's control plane serves xDS (a socket file: no port to collide with).
+fn xds_socket(dir: &Path) -> PathBuf {
+    dir.join("xds.sock")
+}
+
 /// Each sidecar's config: (name, path, admin address).
 fn write_configs(dir: &Path, chaos: bool) -> std::io::Result<Vec<(String, PathBuf, String)>> {
     let certs = dir.join("certs");
-    let catalog = dir.join("catalog.yaml");
+    // With chaos the catalog comes over xDS from the demo's control plane, which serves the
+    // same file; without, each sidecar reads the file.
+    let source = if chaos {
+        format!(
+            "discovery: {{ xds: {{ address: \"unix://{}\" }} }}",
+            xds_socket(dir).display()
+        )
+    } else {
+        format!(
+            "catalog: {{ path: {} }}",
+            dir.join("catalog.yaml").display()
+        )
+    };
     let identity = |sa: &str| {
         format!(
             "identity: {{ cert: {c}/{sa}.crt, key: {c}/{sa}.key, ca: {c}/ca.crt }}\n",
@@ -310,9 +342,8 @@ fn write_configs(dir: &Path, chaos: bool) -> std::io::Result<Vec<(String, PathBu
     };
     let mut files = Vec::new();
     let client = format!(
-        "{}locality: local/zone-a\ninbound: {{ listen: 127.0.0.20:15008, app_host: 127.0.0.30, default_port: 8080 }}\noutbound: {{ listen: {CLIENT_OUTBOUND} }}\nadmin: {{ listen: {CLIENT_ADMIN} }}\ncatalog: {{ path: {} }}\ndrain: {{ notify: 1s, timeout: 5s }}\n",
+        "{}locality: local/zone-a\ninbound: {{ listen: 127.0.0.20:15008, app_host: 127.0.0.30, default_port: 8080 }}\noutbound: {{ listen: {CLIENT_OUTBOUND} }}\nadmin: {{ listen: {CLIENT_ADMIN} }}\n{source}\ndrain: {{ notify: 1s, timeout: 5s }}\n",
         identity("frontend"),
-        catalog.display()
     );
     let path = dir.join("frontend.yaml");
     std::fs::write(&path, client)?;
@@ -334,14 +365,14 @@ fn write_configs(dir: &Path, chaos: bool) -> std::io::Result<Vec<(String, PathBu
             ports.push(format!("{{ port: {ROLLOUT_PORT}, protocol: auto }}"));
         }
         let cfg = format!(
-            "{}locality: local/zone-a\ninbound:\n  listen: {}:15008\n  app_host: {}\n  default_port: 8080\n  ports: [{}]\noutbound: {{ listen: {}:15001 }}\nadmin: {{ listen: {}:15000 }}\ncatalog: {{ path: {} }}\ndrain: {{ notify: 1s, timeout: 5s }}\n",
+            "{}locality: local/zone-a\ninbound:\n  listen: {}:15008\n  app_host: {}\n  default_port: 8080\n  ports: [{}]\noutbound: {{ listen: {}:15001 }}\nadmin: {{ listen: {}:15000 }}\n{}\ndrain: {{ notify: 1s, timeout: 5s }}\n",
             identity("payments"),
             p.proxy,
             p.apps,
             ports.join(", "),
             p.proxy,
             p.proxy,
-            catalog.display()
+            source
         );
         let path = dir.join(format!("{}.yaml", p.name));
         std::fs::write(&path, cfg)?;
