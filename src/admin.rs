@@ -1,6 +1,7 @@
 //! The admin listener (SPEC section 6): health, readiness, metrics, drain, logging.
 //!
-//! It runs on its own small runtime thread so scrapes never compete with the data path.
+//! It runs on its own small runtime thread so scrapes never compete with the data path. Its
+//! own metric families (refused POSTs, readiness) are at the end of this file.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,6 +13,10 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::net::TcpListener;
 
 use crate::drain::{Drain, Phase};
@@ -142,9 +147,9 @@ impl Admin {
     async fn handle(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
         if req.method() == Method::POST {
             if let Some(reason) = refuse_post(&req) {
-                crate::metrics::get()
+                metrics()
                     .admin_refused
-                    .get_or_create(&crate::metrics::ReasonLabels { reason })
+                    .get_or_create(&ReasonLabels { reason })
                     .inc();
                 let text = match reason {
                     "origin" => {
@@ -164,8 +169,8 @@ impl Admin {
                     f();
                 }
                 let ready = self.readyz().await.status() == StatusCode::OK;
-                crate::metrics::get().ready.set(i64::from(ready));
-                let text = crate::metrics::get().encode();
+                metrics().ready.set(i64::from(ready));
+                let text = crate::metrics::encode();
                 if wants_openmetrics(&req) {
                     reply(
                         StatusCode::OK,
@@ -256,6 +261,47 @@ fn level_param(query: &str) -> Result<String, String> {
         "" => Err("missing level: POST /logging?level=<filter>, for example level=debug".into()),
         l => Ok(l.to_string()),
     }
+}
+
+/// The admin listener's own families, registered with the rest when first used.
+pub struct Metrics {
+    /// Admin requests refused (`origin`, `body`).
+    pub admin_refused: Family<ReasonLabels, Counter>,
+    /// 1 while `/readyz` answers 200; set when scraped.
+    pub ready: Gauge,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+}
+
+/// The families, registered on first use.
+pub fn metrics() -> &'static Metrics {
+    static METRICS: std::sync::OnceLock<Metrics> = std::sync::OnceLock::new();
+    METRICS.get_or_init(|| {
+        let m = Metrics {
+            admin_refused: Family::default(),
+            ready: Gauge::default(),
+        };
+        // Both reasons read 0 rather than absent from the start.
+        for reason in ["origin", "body"] {
+            let _ = m.admin_refused.get_or_create(&ReasonLabels { reason });
+        }
+        crate::metrics::register(|registry| {
+            registry.register(
+                "aether_ready",
+                "1 while /readyz answers 200 (ready), else 0; read when scraped",
+                m.ready.clone(),
+            );
+            registry.register(
+                "aether_admin_requests_refused",
+                "Admin POST requests refused (an Origin header or a body)",
+                m.admin_refused.clone(),
+            );
+        });
+        m
+    })
 }
 
 #[cfg(test)]

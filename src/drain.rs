@@ -1,8 +1,16 @@
 //! Two-phase drain (SPEC section 1): report not ready while still serving for `drain.notify`,
 //! then stop accepting, ask open connections to finish (GOAWAY / `Connection: close`) and wait
 //! up to `drain.timeout` for in-flight work.
+//!
+//! The listeners' accept loop is here too, with the families of open and rejected connections.
 
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::watch;
+
+use crate::metrics::ListenerLabels;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Phase {
@@ -138,12 +146,12 @@ pub async fn accept_until_closing<F, Fut>(
                 Ok((tcp, addr)) => {
                     if open.open() >= max_open {
                         tracing::debug!(%addr, "{name}: connection limit ({max_open}) reached, closing");
-                        crate::metrics::get().connection_rejected(name, "limit");
+                        connection_rejected(name, "limit");
                         drop(tcp);
                         continue;
                     }
                     if shed && crate::overload::shedding() {
-                        crate::metrics::get().connection_rejected(name, "overload");
+                        connection_rejected(name, "overload");
                         crate::overload::count("refuse-connection");
                         drop(tcp);
                         continue;
@@ -177,4 +185,87 @@ pub async fn accept_until_closing<F, Fut>(
         }
     }
     tracing::info!("{name} listener closed");
+}
+
+/// The listeners' connection families: open downstream connections, and those closed at
+/// accept; registered with the rest when first used.
+pub struct Metrics {
+    pub connections_active: Family<ListenerLabels, Gauge>,
+    pub connections_rejected: Family<RejectedLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RejectedLabels {
+    pub listener: &'static str,
+    /// `limit` (the listener's connection cap) or `handshake-evicted` (the oldest connection
+    /// still in its TLS handshake, closed to admit a new one).
+    pub reason: &'static str,
+}
+
+/// The families, registered on first use.
+pub fn metrics() -> &'static Metrics {
+    static METRICS: std::sync::OnceLock<Metrics> = std::sync::OnceLock::new();
+    METRICS.get_or_init(|| {
+        let m = Metrics {
+            connections_active: Family::default(),
+            connections_rejected: Family::default(),
+        };
+        // Pre-create the series operators alert on, so they read 0 rather than absent.
+        for listener in ["inbound", "outbound"] {
+            let _ = m
+                .connections_active
+                .get_or_create(&ListenerLabels { listener });
+            let _ = m.connections_rejected.get_or_create(&RejectedLabels {
+                listener,
+                reason: "limit",
+            });
+        }
+        let _ = m.connections_rejected.get_or_create(&RejectedLabels {
+            listener: "inbound",
+            reason: "handshake-evicted",
+        });
+        crate::metrics::register(|registry| {
+            registry.register(
+                "aether_connections_rejected",
+                "Downstream connections closed at accept: a listener cap, or overload",
+                m.connections_rejected.clone(),
+            );
+            registry.register(
+                "aether_connections_active",
+                "Open downstream connections",
+                m.connections_active.clone(),
+            );
+        });
+        m
+    })
+}
+
+/// Counts a downstream connection of `listener` closed at accept for `reason`.
+pub fn connection_rejected(listener: &'static str, reason: &'static str) {
+    metrics()
+        .connections_rejected
+        .get_or_create(&RejectedLabels { listener, reason })
+        .inc();
+}
+
+/// Counts a connection as active until dropped.
+pub struct ActiveConnection(&'static str);
+
+impl ActiveConnection {
+    pub fn new(listener: &'static str) -> ActiveConnection {
+        metrics()
+            .connections_active
+            .get_or_create(&ListenerLabels { listener })
+            .inc();
+        ActiveConnection(listener)
+    }
+}
+
+impl Drop for ActiveConnection {
+    fn drop(&mut self) {
+        metrics()
+            .connections_active
+            .get_or_create(&ListenerLabels { listener: self.0 })
+            .dec();
+    }
 }

@@ -227,6 +227,23 @@ async fn bind_dns(addr: SocketAddr) -> Result<(tokio::net::UdpSocket, TcpListene
     Ok((udp, bind("dns", addr).await?))
 }
 
+/// Creates every subsystem's metric families, so each is in /metrics from the first scrape,
+/// whatever is configured and whether or not the subsystem has done anything yet.
+fn register_metrics() {
+    crate::outbound::metrics::metrics();
+    crate::drain::metrics();
+    crate::memory::metrics::metrics();
+    crate::accesslog::metrics::metrics();
+    crate::admin::metrics();
+    crate::identity::metrics::metrics();
+    crate::http::metrics::metrics();
+    crate::catalog::metrics::metrics();
+    crate::overload::metrics();
+    crate::dns::metrics::metrics();
+    crate::trace::metrics::metrics();
+    crate::xds::metrics::metrics();
+}
+
 /// Binds every listener and starts serving; any failure here is a start-up error. With SDS,
 /// the admin listener serves (not ready) while the first identity is awaited; the data
 /// listeners are bound once it has arrived.
@@ -235,11 +252,7 @@ async fn start(
     catalog: Option<Catalog>,
     set_log_filter: SetLogFilter,
 ) -> Result<Running, StartError> {
-    // Every family is in /metrics from the first scrape, whatever is configured.
-    crate::overload::metrics();
-    crate::dns::metrics::metrics();
-    crate::trace::metrics::metrics();
-    crate::xds::metrics::metrics();
+    register_metrics();
     let drain = Drain::default();
     let tracker = Tracker::default();
     let admin = Arc::new(Admin {
@@ -358,15 +371,15 @@ async fn start(
             for kind in [Kind::Workload, Kind::Trust] {
                 if let Some(left) = seconds_left(&current.identity.certs, kind, now) {
                     let cert = kind.as_str();
-                    crate::metrics::get()
+                    crate::identity::metrics::metrics()
                         .certificate_expiry
-                        .get_or_create(&crate::metrics::CertLabels { cert })
+                        .get_or_create(&crate::identity::metrics::CertLabels { cert })
                         .set(left);
                 }
             }
             if let Some(rss) = crate::memory::resident_bytes() {
                 let rss = i64::try_from(rss).unwrap_or(i64::MAX);
-                crate::metrics::get().resident_memory.set(rss);
+                crate::memory::metrics::metrics().resident_memory.set(rss);
             }
             let tasks = data_runtime.metrics().num_alive_tasks();
             runtime_tasks().set(i64::try_from(tasks).unwrap_or(i64::MAX));
@@ -519,7 +532,7 @@ fn watch_identity(identity: Arc<IdentityStore>) {
     let paths = identity.spec().files();
     let mut last_error: Option<String> = None;
     crate::watch::spawn("identity", paths, move || {
-        let m = crate::metrics::get();
+        let m = crate::identity::metrics::metrics();
         match identity.reload() {
             Ok(()) => {
                 let _ = m

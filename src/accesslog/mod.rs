@@ -5,10 +5,12 @@
 //! (and at exit), so the data path never waits on a stdout write.
 //!
 //! The lines as data (`entry.rs`), a request's line written by hand (`encode.rs`), timestamps
-//! (`time.rs`), the queue and its writer thread (`writer.rs`).
+//! (`time.rs`), the queue and its writer thread (`writer.rs`), the request families counted as
+//! each line is recorded (`metrics.rs`).
 
 mod encode;
 mod entry;
+pub mod metrics;
 mod time;
 mod writer;
 
@@ -24,7 +26,7 @@ use serde::Serialize;
 use crate::http::answer::Reason;
 use crate::http::body::{Metered, RespBody};
 use crate::identity::SpiffeId;
-use crate::metrics::{self, Direction};
+use crate::metrics::Direction;
 use crate::trace::{context::hex_into, RequestTrace, SpanInfo};
 use entry::ConnEntry;
 
@@ -129,7 +131,7 @@ impl RequestLog {
     /// Records the request; `sent` is the response body bytes.
     pub fn finish(self, d: &Decided, sent: u64) {
         let elapsed = self.start.elapsed();
-        let m = metrics::get();
+        let m = metrics::metrics();
         let service = d.service.as_deref().unwrap_or_default();
         metrics::count_request(self.direction, service, d.port, d.status);
         if let Some(r) = d.reason {

@@ -5,7 +5,7 @@ use std::io::Write;
 use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
-use crate::metrics;
+use super::metrics;
 
 /// Lines waiting for stdout, with the writer thread's wake-up.
 struct Shared {
@@ -127,7 +127,7 @@ pub(super) fn queue_line(line: &[u8]) {
         Pushed::Queued => {}
         Pushed::QueuedWake => shared().wake.notify_one(),
         Pushed::Dropped => {
-            metrics::get().access_log_dropped.inc();
+            metrics::metrics().access_log_dropped.inc();
         }
     }
 }

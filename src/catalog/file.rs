@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::metrics;
 use super::model::{
     Breakers, Catalog, Endpoint, HeaderMatch, Labels, Outlier, PortProtocol, Route, RouteTarget,
     Service, Usage, WeightedSubset, DEFAULT_CONNECT_TIMEOUT, DEFAULT_INBOUND_PORT,
@@ -17,7 +18,7 @@ use super::model::{
 use super::store::CatalogStore;
 use crate::config::{duration, Locality};
 use crate::identity::SpiffeId;
-use crate::metrics::{self, ResultLabels};
+use crate::metrics::ResultLabels;
 use crate::validation::{from_yaml, read_file, FieldError, FieldErrors, Origin};
 
 #[derive(Debug, Clone, Deserialize)]
@@ -397,7 +398,7 @@ fn parse_endpoint_address(s: &str) -> Result<SocketAddr, String> {
 pub fn watch(path: PathBuf, trust_domain: String, store: Arc<CatalogStore>) {
     let mut last_error: Option<String> = None;
     crate::watch::spawn("catalog", vec![path.clone()], move || {
-        let reloads = &metrics::get().catalog_reloads;
+        let reloads = &metrics::metrics().catalog_reloads;
         match Catalog::load(&path, &trust_domain) {
             Ok(next) => {
                 store.apply(next);

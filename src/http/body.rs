@@ -174,7 +174,7 @@ impl<B> Metered<B> {
     /// An error that ends the body, counted as `reason`.
     fn cut(&mut self, reason: &'static str, what: &'static str) -> BoxError {
         if let Some(g) = &self.guard {
-            crate::metrics::get().cut_off(g.listener, reason);
+            crate::http::metrics::cut_off(g.listener, reason);
         }
         self.failed();
         what.into()

@@ -332,7 +332,7 @@ pub fn drop_underscored(h: &mut HeaderMap) -> usize {
 pub fn drop_underscored_counted(h: &mut HeaderMap, direction: crate::metrics::Direction) {
     let n = drop_underscored(h);
     if n > 0 {
-        crate::metrics::get()
+        super::metrics::metrics()
             .headers_dropped
             .get_or_create(&crate::metrics::DirectionLabels { direction })
             .inc_by(n as u64);

@@ -225,7 +225,7 @@ fn verify_client(
         Err(e) => {
             // Refused at the handshake, so no request ever carries an empty XFCC.
             tracing::debug!("inbound: client certificate refused: {e}");
-            crate::metrics::get().identity_refused("inbound");
+            super::metrics::identity_refused("inbound");
             // A sound certificate that is not one workload of this mesh. (BoringSSL's own
             // verifier, failed from its callback, answered internal_error: the server's fault.)
             refuse(SslAlert::BAD_CERTIFICATE)
@@ -328,14 +328,14 @@ impl Sessions {
 
     fn put(&self, key: SessionKey, r: Resumption) {
         if self.map().insert(key, r).is_none() {
-            crate::metrics::get().tls_client_sessions.inc();
+            super::metrics::metrics().tls_client_sessions.inc();
         }
     }
 
     /// Forgets a session the peer no longer takes (or that a failed connection used).
     pub fn forget(&self, key: &SessionKey) {
         if self.map().remove(key).is_some() {
-            crate::metrics::get().tls_client_sessions.dec();
+            super::metrics::metrics().tls_client_sessions.dec();
         }
     }
 
@@ -346,7 +346,7 @@ impl Sessions {
         map.retain(|k, _| keep(k));
         let gone = before - map.len();
         if gone > 0 {
-            crate::metrics::get()
+            super::metrics::metrics()
                 .tls_client_sessions
                 .dec_by(gone as i64);
         }
@@ -364,7 +364,9 @@ impl Sessions {
 impl Drop for Sessions {
     fn drop(&mut self) {
         let n = self.map().len();
-        crate::metrics::get().tls_client_sessions.dec_by(n as i64);
+        super::metrics::metrics()
+            .tls_client_sessions
+            .dec_by(n as i64);
     }
 }
 

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 
-use crate::metrics;
+use crate::drain;
 
 pub struct Handshakes {
     max: usize,
@@ -44,7 +44,7 @@ impl Handshakes {
         if st.pending.len() >= self.max {
             if let Some((_, oldest)) = st.pending.pop_first() {
                 let _ = oldest.send(());
-                metrics::get().connection_rejected("inbound", "handshake-evicted");
+                drain::connection_rejected("inbound", "handshake-evicted");
             }
         }
         let id = st.next;

@@ -183,7 +183,7 @@ impl HttpChains {
         )
         .await
         .unwrap_or_else(|_| {
-            crate::metrics::get().cut_off("inbound", "first_byte_timeout");
+            crate::http::metrics::cut_off("inbound", "first_byte_timeout");
             Err(Reason::UpstreamTimeout)
         });
         let (mut resp, reason, stream) = match forwarded {
@@ -355,7 +355,7 @@ impl HttpChains {
         req: BoxedRequest,
     ) -> Result<Result<(Response<UpBody>, Option<StreamGuard>), SendError>, Reason> {
         let (port, h2) = key;
-        crate::metrics::get().retry(Direction::inbound, &self.service_label, port, why);
+        crate::outbound::metrics::retry(Direction::inbound, &self.service_label, port, why);
         let fresh = self.connect_app(port, h2).await?;
         Ok(self.app_pool.send(&key, fresh, req, 0).await)
     }

@@ -20,10 +20,10 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::config::Config;
-use crate::drain::{accept_until_closing, Drain, Tracker};
+use crate::drain::{accept_until_closing, ActiveConnection, Drain, Tracker};
 use crate::http::server::Servers;
+use crate::identity::metrics as identity_metrics;
 use crate::identity::IdentityStore;
-use crate::metrics;
 use crate::outbound::pool::Pool;
 use chain::{Chains, Server};
 use handshakes::Handshakes;
@@ -98,14 +98,14 @@ impl Inbound {
     }
 
     async fn connection(self: Arc<Self>, tcp: TcpStream, addr: SocketAddr) {
-        let _active = metrics::ActiveConnection::new("inbound");
+        let _active = ActiveConnection::new("inbound");
         // Keepalive and TCP_NODELAY came from the listener (`sockets::tune_listener`).
         let mut pending = self.handshakes.enter();
         let accepted = tokio::select! {
             a = self.handshake(tcp, addr) => a,
             _ = pending.evicted() => {
                 tracing::debug!(%addr, "inbound: closed before its handshake ended, to admit a newer connection");
-                metrics::get().handshake("inbound", false);
+                identity_metrics::handshake("inbound", false);
                 return;
             }
         };
@@ -113,7 +113,7 @@ impl Inbound {
         let Some((tls, chain)) = accepted else {
             return;
         };
-        metrics::get().handshake("inbound", true);
+        identity_metrics::handshake("inbound", true);
         let Some(peer) = Peer::of(&tls, addr, &self.trust_domain) else {
             return;
         };
@@ -142,7 +142,7 @@ impl Inbound {
             Ok(h) => h,
             Err(e) => {
                 tracing::debug!(%addr, "inbound: no usable ClientHello: {e}");
-                metrics::get().handshake("inbound", false);
+                identity_metrics::handshake("inbound", false);
                 return None;
             }
         };
@@ -153,7 +153,7 @@ impl Inbound {
             .and_then(|c| Some((c, contexts.acceptor(c.port)?)));
         let Some((chain, acceptor)) = selected else {
             tracing::debug!(%addr, sni = ?hello.sni, "inbound: SNI names a port this pod does not serve");
-            metrics::get().handshake("inbound", false);
+            identity_metrics::handshake("inbound", false);
             let _ = tcp.write_all(&ALERT_UNRECOGNIZED_NAME).await;
             let _ = tcp.shutdown().await;
             return None;
@@ -165,12 +165,12 @@ impl Inbound {
             Ok(Ok(tls)) => Some((crate::sockets::Tls::new(tls), chain.clone())),
             Ok(Err(e)) => {
                 tracing::debug!(%addr, "inbound handshake failed: {e}");
-                metrics::get().handshake("inbound", false);
+                identity_metrics::handshake("inbound", false);
                 None
             }
             Err(_) => {
                 tracing::debug!(%addr, "inbound handshake timed out");
-                metrics::get().handshake("inbound", false);
+                identity_metrics::handshake("inbound", false);
                 None
             }
         }

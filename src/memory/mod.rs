@@ -1,9 +1,10 @@
 //! Memory: the allocator (`allocator.rs`) with its per-thread reuse of medium blocks
 //! (`reuse.rs`), glibc's tunables and trimming (`policy.rs`), and futures built in their box
-//! (`boxed.rs`).
+//! (`boxed.rs`), and the resident-memory gauge (`metrics.rs`).
 
 mod allocator;
 mod boxed;
+pub mod metrics;
 mod policy;
 mod reuse;
 

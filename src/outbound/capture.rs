@@ -17,12 +17,14 @@ use tokio::net::TcpStream;
 
 use super::cluster::{ActiveGuard, Cluster};
 use super::connect::Upstream;
+use super::metrics::{self, EgressLabels};
 use super::tunnel;
+use crate::accesslog::metrics::count_request;
 use crate::accesslog::ConnLog;
 use crate::config::{Egress, Locality};
 use crate::drain::Drain;
 use crate::http::answer::Reason;
-use crate::metrics::{self, Direction, EgressLabels};
+use crate::metrics::Direction;
 use crate::sockets::Spliced;
 
 /// Captured apps share the pod's address: per-source identities (SPEC section 3) are for
@@ -107,13 +109,13 @@ pub fn first_bytes_http(first: &[u8]) -> bool {
         return true;
     }
     tracing::debug!("captured connection to an HTTP port does not speak HTTP; closed");
-    metrics::get().captured_not_http.inc();
+    metrics::metrics().captured_not_http.inc();
     false
 }
 
 /// A destination outside the mesh: `outbound.egress` decides.
 pub async fn egress(action: Egress, drain: &Drain, mut tcp: TcpStream, dst: SocketAddr) {
-    metrics::get()
+    metrics::metrics()
         .egress
         .get_or_create(&EgressLabels {
             action: action.as_str(),
@@ -170,7 +172,7 @@ async fn refuse_with_fin(mut tcp: TcpStream) {
 
 /// Counts a captured tcp connection as a request of the service's port (as CONNECT is).
 fn count(service: &str, port: u16, code: u16) {
-    metrics::count_request(Direction::outbound, service, port, code);
+    count_request(Direction::outbound, service, port, code);
 }
 
 /// True when `first` (the first bytes a client sent) can begin an HTTP/1 request line (a

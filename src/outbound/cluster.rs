@@ -13,10 +13,10 @@ use std::time::Instant;
 use arc_swap::ArcSwap;
 use foldhash::fast::RandomState;
 
+use super::metrics;
 use super::route::cluster_name;
 use crate::catalog::{Catalog, CatalogStore, Endpoint, Labels, Service};
 use crate::config::Locality;
-use crate::metrics;
 
 /// Counters that outlive catalog reloads: a rebuilt cluster shares them with its predecessor,
 /// so requests in flight across a reload still count, and outlier history is kept.
@@ -128,7 +128,7 @@ impl Cluster {
         if prev < max {
             return Some(slot);
         }
-        metrics::get().overflow(&self.service.name, self.port, "connections");
+        metrics::overflow(&self.service.name, self.port, "connections");
         None
     }
 
@@ -140,7 +140,7 @@ impl Cluster {
         if prev < max {
             return Some(admitted);
         }
-        metrics::get().overflow(&self.service.name, self.port, "requests");
+        metrics::overflow(&self.service.name, self.port, "requests");
         None
     }
 
@@ -174,7 +174,7 @@ impl Cluster {
         st.ejected_until_ms.store(until, Ordering::Relaxed);
         st.consecutive_failures.store(0, Ordering::Relaxed);
         tracing::warn!(cluster = %self.name, endpoint = %e.address, times, "outlier: endpoint ejected");
-        metrics::get()
+        metrics::metrics()
             .outlier_ejections
             .get_or_create(&metrics::ServicePortLabels {
                 service: self.service.name.clone(),

@@ -15,10 +15,10 @@ use super::cluster::{Cluster, ConnSlot};
 use super::pool::{self, Conn, Pool};
 use crate::config::Config;
 use crate::http::answer::Reason;
+use crate::identity::metrics as identity_metrics;
 use crate::identity::san;
 use crate::identity::tls::{self, alpn_wire, Client, ALPN_H2};
 use crate::identity::{IdentityStore, SpiffeId};
-use crate::metrics;
 
 pub type UpstreamTls = crate::sockets::Tls<crate::sockets::ReadAhead<TcpStream>>;
 
@@ -120,7 +120,7 @@ pub async fn connect(
         let sni = port.to_string();
         let tcp = crate::sockets::ReadAhead::new(tcp);
         let tls = tokio_boring::connect(cfg, &sni, tcp).await.map_err(|e| {
-            metrics::get().handshake("outbound", false);
+            identity_metrics::handshake("outbound", false);
             client.sessions.forget(&key);
             ConnectError::Tls {
                 addr,
@@ -128,11 +128,11 @@ pub async fn connect(
                 detail: e.to_string(),
             }
         })?;
-        metrics::get().handshake("outbound", true);
+        identity_metrics::handshake("outbound", true);
         let der = tls::peer_leaf_der(tls.ssl()).unwrap_or_default();
         if !san::is_pinned(der, identity) {
             client.sessions.forget(&key);
-            metrics::get().identity_refused("outbound");
+            identity_metrics::identity_refused("outbound");
             return Err(ConnectError::Identity {
                 addr,
                 expected: identity.clone(),

@@ -80,7 +80,7 @@ async fn attempts(
     for _ in 0..=MAX_RETRIES {
         let ep = tries.next()?;
         if let Some(why) = retrying.take() {
-            crate::metrics::get().retry(
+            super::metrics::retry(
                 crate::metrics::Direction::outbound,
                 &cluster.service.name,
                 cluster.port,

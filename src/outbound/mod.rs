@@ -6,6 +6,7 @@
 //! SNI chosen and SAN pinned) -> `forward` (HTTP, with `retry`), `upgrade` (HTTP/1.1 upgrades)
 //! or `tunnel` (CONNECT, and the bytes of upgraded connections). Connections the pod's rules
 //! redirected here (transparent capture) are sorted by their original destination in `capture`.
+//! `metrics` holds the families of breakers, retries, outlier ejection and capture.
 
 pub mod abandon;
 pub mod capture;
@@ -15,6 +16,7 @@ pub mod explain;
 pub mod forward;
 pub mod h2_client;
 pub mod lb;
+pub mod metrics;
 pub mod pool;
 pub mod retry;
 pub mod route;
@@ -35,7 +37,7 @@ use tokio::net::{TcpListener, TcpStream};
 use crate::accesslog::{self, ConnLog, Decided, RequestLog};
 use crate::catalog::{CatalogStore, PortProtocol};
 use crate::config::{Config, Egress, Locality};
-use crate::drain::{accept_until_closing, Drain, Phase, Tracker};
+use crate::drain::{accept_until_closing, ActiveConnection, Drain, Phase, Tracker};
 use crate::http::answer::{Body, Reason};
 use crate::http::body::{Activity, BoxedRequest, ReqBody, RespBody, UpBody};
 use crate::http::fin::FinTcp;
@@ -45,7 +47,7 @@ use crate::http::server::{
 };
 use crate::identity::IdentityStore;
 use crate::identity::SpiffeId;
-use crate::metrics::{self, Direction};
+use crate::metrics::Direction;
 use cluster::{ActiveGuard, Admitted, Cluster, Clusters};
 use connect::Upstream;
 use forward::InFlight;
@@ -218,7 +220,7 @@ impl Outbound {
         addr: SocketAddr,
         listen: Option<SocketAddr>,
     ) {
-        let _active = metrics::ActiveConnection::new("outbound");
+        let _active = ActiveConnection::new("outbound");
         // Keepalive and TCP_NODELAY came from the listener (`sockets::tune_listener`).
         // One getsockopt tells an explicit client from a redirected one (SPEC section 10).
         if let Some(dst) = listen.and_then(|l| capture::redirected(&tcp, l)) {

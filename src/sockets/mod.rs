@@ -349,7 +349,7 @@ where
             ready!(timer.as_mut().poll(cx));
             let now = Instant::now();
             if last + idle <= now {
-                crate::metrics::get().cut_off(listener, "tunnel_idle");
+                crate::http::metrics::cut_off(listener, "tunnel_idle");
                 return Poll::Ready(EndReason::IdleTimeout);
             }
             if quiet.is_some_and(|q| q <= now) {

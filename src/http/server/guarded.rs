@@ -152,7 +152,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Guarded<S> {
 
     /// Answers an oversized HTTP/1 head 431 (see [`Refusal::poll`]).
     fn refuse_head(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        crate::metrics::get().cut_off(self.listener, "headers_too_large");
+        crate::http::metrics::cut_off(self.listener, "headers_too_large");
         self.refusal = Some(Refusal::Writing(refusal::head_too_large_answer(), 0));
         self.poll_refusal(cx)
     }
@@ -160,7 +160,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Guarded<S> {
     /// Answers an HTTP/1 head with ambiguous framing 400 `bad-request` and closes: after it,
     /// where the next request would begin is unknown.
     fn refuse_framing(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        crate::metrics::get().cut_off(self.listener, "ambiguous_framing");
+        crate::http::metrics::cut_off(self.listener, "ambiguous_framing");
         let answer = refusal::refusal_answer(Reason::BadRequest, "400 Bad Request");
         self.refusal = Some(Refusal::Writing(answer, 0));
         self.poll_refusal(cx)
@@ -300,7 +300,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
         let this = &mut *self;
         if this.replacing.is_none() {
             if let Some((reason, status)) = this.library_answer(buf) {
-                crate::metrics::get().cut_off(this.listener, "malformed_request");
+                crate::http::metrics::cut_off(this.listener, "malformed_request");
                 this.replacing = Some((refusal::refusal_answer(reason, status), 0));
             }
         }

@@ -135,7 +135,7 @@ macro_rules! __serve_until_drained {
                 e.to_string()
             }),
             _ = $requests.abused() => {
-                $crate::metrics::get().cut_off($listener, "rapid_reset");
+                $crate::http::metrics::cut_off($listener, "rapid_reset");
                 Err("closed: the peer resets most of its streams early (rapid reset)".to_string())
             }
             _ = closing => {
@@ -221,7 +221,7 @@ pub fn count_codec_error(listener: &'static str, e: &(dyn std::error::Error + 's
                 ) => "h2_too_much",
                 Some(_) => "h2_protocol_error",
             };
-            crate::metrics::get().cut_off(listener, reason);
+            crate::http::metrics::cut_off(listener, reason);
             return;
         }
         cur = err.source();

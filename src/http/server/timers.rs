@@ -141,7 +141,7 @@ impl Clock {
             self.armed = None;
         }
         let (what, reason) = want.0.describe();
-        crate::metrics::get().cut_off(listener, reason);
+        crate::http::metrics::cut_off(listener, reason);
         Some(std::io::Error::new(std::io::ErrorKind::TimedOut, what))
     }
 
