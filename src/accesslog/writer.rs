@@ -47,9 +47,9 @@ fn writer() {
 /// The longest a line waits for stdout when traffic is light.
 const FLUSH_EVERY: Duration = Duration::from_millis(50);
 
-/// Queued bytes that wake the writer before [`FLUSH_EVERY`]: at 20,000 requests a second 50 ms
-/// of lines is about 400 KiB, and a buffer grown to that (twice: one filling while the other
-/// is written) was the largest single block of a busy sidecar's heap.
+/// Queued bytes that wake the writer before [`FLUSH_EVERY`]: on a busy sidecar a whole
+/// interval's lines are hundreds of KiB, and a buffer grown to that (twice: one filling while
+/// the other is written) would be the largest single block of its heap.
 const FLUSH_AT: usize = 32 * 1024;
 
 /// What a buffer starts with and what the spare is cut back to after a backlog, so a burst

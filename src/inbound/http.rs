@@ -99,7 +99,7 @@ impl HttpChains {
         let s = &self.servers;
         let result = match codec {
             Codec::H2 => {
-                // Boxed on HTTP/2 only: hyper spawns each stream's future (about 4 KiB) as a task
+                // Boxed on HTTP/2 only: hyper spawns each stream's future (several KiB) as a task
                 // and moves it several times on the way; a box moves as one pointer. HTTP/1.1
                 // polls it in place, where a box would only add an allocation. Built in its
                 // box (`memory::box_future`), it is not copied there either.

@@ -374,8 +374,8 @@ impl Outbound {
             {
                 Routed::Answered(out) => *out,
                 // Awaited here rather than inside `route`: a future is copied whole into the
-                // one awaiting it, and each level between this one and the exchange copied
-                // the exchange's state again (about 4 KiB a request over three levels).
+                // one awaiting it, and each level between this one and the exchange would copy
+                // the exchange's state again on every request (decision 0009).
                 Routed::Forward(req, cluster, admitted) => {
                     let locality = self.locality.as_ref();
                     let up = &self.upstream;

@@ -33,8 +33,8 @@ pub fn tune(tcp: &TcpStream) {
 
 /// The same options on a listening socket, before `listen`: Linux copies a listener's socket
 /// options (keepalive and its timers, `TCP_NODELAY`) into each connection it accepts, so an
-/// accepted connection costs no `setsockopt` (five per connection otherwise, a few percent of
-/// a short connection's CPU).
+/// accepted connection needs no `setsockopt` of its own (five per connection otherwise, a cost
+/// a short connection notices).
 pub fn tune_listener(sock: &tokio::net::TcpSocket) {
     let _ = sock.set_nodelay(true);
     set_keepalive(socket2::SockRef::from(sock));
@@ -182,7 +182,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Tls<S> {
     /// Small pieces (hyper's head, then a body chunk) are gathered into one TLS record of up to
     /// [`RECORD`] bytes; a piece at least that large goes out alone. Claiming vectored writes
     /// keeps hyper from flattening every response into a per-connection buffer of its own,
-    /// which grew to 32 KiB on each connection that carried a 16 KiB body and stayed that size.
+    /// which grew with the largest body a connection carried and stayed that size.
     /// A write BoringSSL could not finish is retried by hyper with the same pieces, so the
     /// gathered bytes start the same way, as `SSL_write`'s retry rule requires.
     fn poll_write_vectored(
@@ -286,11 +286,11 @@ impl Spliced {
 
 /// How long a splice stays without a byte either way before it frees its copy buffers (the
 /// next byte takes a small one again) and gives back what a bulk burst grew in its streams
-/// ([`BulkBuffers`]). A quiet tunnel then holds no copy buffer (two records' worth, 32 KiB, were
-/// kept before) and none of the ~530 KiB a bulk burst grows on a sealing side, which a pool of
+/// ([`BulkBuffers`]). A quiet tunnel then holds no copy buffer and nothing of what a bulk burst
+/// grew (both directions' buffers and, on a sealing side, the write batch), which a pool of
 /// tunnels would otherwise hold for good after one large answer each. Bulk that pauses for
 /// less keeps its buffers, so a stream does not reallocate (and zero) 256 KiB for every burst;
-/// once a second at most costs nothing measurable.
+/// freeing at most once a second is too rare to cost anything.
 pub const QUIET: Duration = Duration::from_secs(1);
 
 /// Copies bytes both ways until both sides are done (half-close respected: each write side is

@@ -51,8 +51,8 @@ impl Servers {
 /// future it is given through each layer of `spawn` and again when the task completes; boxed,
 /// those moves are of one pointer. The exchange itself (routing, forwarding and logging
 /// state, KiBs) is boxed by each service where it is built, so what is boxed here is hyper's
-/// stream (about 260 bytes), which unboxed still made each request measurably dearer on both
-/// sides. `drain::accept_until_closing` boxes each connection's future for the same reason.
+/// small stream, which unboxed still made each request measurably dearer on both sides.
+/// `drain::accept_until_closing` boxes each connection's future for the same reason.
 #[derive(Clone, Copy, Debug)]
 pub struct StreamExecutor;
 
