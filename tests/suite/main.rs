@@ -51,4 +51,5 @@ mod xds_updates;
 
 // Against independent implementations and in network namespaces.
 mod envoy_interop;
+mod hpack_peers;
 mod namespaced;
