@@ -92,7 +92,7 @@ where
             inner,
             final_flush_done: false,
             encoder: Encoder {
-                hpack: hpack::Encoder::default(),
+                hpack: hpack::Encoder::default().raw_literals(),
                 buf: Cursor::new(BytesMut::with_capacity(DEFAULT_BUFFER_CAPACITY)),
                 next: None,
                 last_data_frame: None,

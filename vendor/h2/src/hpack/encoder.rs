@@ -18,6 +18,10 @@ pub struct Encoder {
     /// across frames instead of being allocated and freed per frame. See
     /// `take_scratch` / `return_scratch`.
     scratch: BytesMut,
+    /// Whether string literals are Huffman-coded (upstream's only choice) or
+    /// sent as they are, which costs bytes on the wire but no coding on
+    /// either end. See `raw_literals`.
+    huffman: bool,
 }
 
 #[derive(Debug, Copy, Clone, Eq, PartialEq)]
@@ -35,7 +39,15 @@ impl Encoder {
             max_allowed_size: DEFAULT_MAX_ALLOWED_SIZE,
             size_update: None,
             scratch: BytesMut::new(),
+            huffman: true,
         }
+    }
+
+    /// Sends every string literal raw from now on: one length prefix and
+    /// the octets, no Huffman coding (RFC 7541, section 5.2, H bit 0).
+    pub(crate) fn raw_literals(mut self) -> Self {
+        self.huffman = false;
+        self
     }
 
     #[cfg(test)]
@@ -160,7 +172,13 @@ impl Encoder {
             Index::Name(idx, _) => {
                 let header = self.table.resolve(index);
 
-                encode_not_indexed(idx, header.value_slice(), header.is_sensitive(), dst);
+                encode_not_indexed(
+                    idx,
+                    header.value_slice(),
+                    header.is_sensitive(),
+                    self.huffman,
+                    dst,
+                );
             }
             Index::Inserted(_) => {
                 let header = self.table.resolve(index);
@@ -169,8 +187,8 @@ impl Encoder {
 
                 dst.put_u8(0b0100_0000);
 
-                encode_str(header.name().as_slice(), dst);
-                encode_str(header.value_slice(), dst);
+                encode_str(header.name().as_slice(), self.huffman, dst);
+                encode_str(header.value_slice(), self.huffman, dst);
             }
             Index::InsertedValue(idx, _) => {
                 let header = self.table.resolve(index);
@@ -178,7 +196,7 @@ impl Encoder {
                 assert!(!header.is_sensitive());
 
                 encode_int(idx, 6, 0b0100_0000, dst);
-                encode_str(header.value_slice(), dst);
+                encode_str(header.value_slice(), self.huffman, dst);
             }
             Index::NotIndexed(_) => {
                 let header = self.table.resolve(index);
@@ -187,6 +205,7 @@ impl Encoder {
                     header.name().as_slice(),
                     header.value_slice(),
                     header.is_sensitive(),
+                    self.huffman,
                     dst,
                 );
             }
@@ -206,7 +225,7 @@ impl Encoder {
             | Index::InsertedValue(..) => {
                 let idx = self.table.resolve_idx(last);
 
-                encode_not_indexed(idx, value.as_ref(), value.is_sensitive(), dst);
+                encode_not_indexed(idx, value.as_ref(), value.is_sensitive(), self.huffman, dst);
             }
             Index::NotIndexed(_) => {
                 let last = self.table.resolve(last);
@@ -215,6 +234,7 @@ impl Encoder {
                     last.name().as_slice(),
                     value.as_ref(),
                     value.is_sensitive(),
+                    self.huffman,
                     dst,
                 );
             }
@@ -232,29 +252,44 @@ fn encode_size_update(val: usize, dst: &mut BytesMut) {
     encode_int(val, 5, 0b0010_0000, dst)
 }
 
-fn encode_not_indexed(name: usize, value: &[u8], sensitive: bool, dst: &mut BytesMut) {
+fn encode_not_indexed(
+    name: usize,
+    value: &[u8],
+    sensitive: bool,
+    huffman: bool,
+    dst: &mut BytesMut,
+) {
     if sensitive {
         encode_int(name, 4, 0b10000, dst);
     } else {
         encode_int(name, 4, 0, dst);
     }
 
-    encode_str(value, dst);
+    encode_str(value, huffman, dst);
 }
 
-fn encode_not_indexed2(name: &[u8], value: &[u8], sensitive: bool, dst: &mut BytesMut) {
+fn encode_not_indexed2(
+    name: &[u8],
+    value: &[u8],
+    sensitive: bool,
+    huffman: bool,
+    dst: &mut BytesMut,
+) {
     if sensitive {
         dst.put_u8(0b10000);
     } else {
         dst.put_u8(0);
     }
 
-    encode_str(name, dst);
-    encode_str(value, dst);
+    encode_str(name, huffman, dst);
+    encode_str(value, huffman, dst);
 }
 
-fn encode_str(val: &[u8], dst: &mut BytesMut) {
-    if !val.is_empty() {
+fn encode_str(val: &[u8], huffman: bool, dst: &mut BytesMut) {
+    if !huffman {
+        encode_int(val.len(), 7, 0, dst);
+        dst.put_slice(val);
+    } else if !val.is_empty() {
         let idx = position(dst);
 
         // Push a placeholder byte for the length header
@@ -340,6 +375,22 @@ fn position(buf: &BytesMut) -> usize {
 mod test {
     use super::*;
     use http::*;
+
+    #[test]
+    fn test_raw_literals() {
+        let mut encoder = Encoder::default().raw_literals();
+        let long = "x".repeat(200);
+        let res = encode(&mut encoder, vec![header("foo", &long)]);
+
+        assert_eq!(&[0b01000000, 3], &res[0..2]);
+        assert_eq!(b"foo", &res[2..5]);
+        // 200 does not fit the 7-bit prefix: 127, then 73
+        assert_eq!(&[127, 73], &res[5..7]);
+        assert_eq!(long.as_bytes(), &res[7..]);
+
+        let res = encode(&mut encoder, vec![header("bar", "")]);
+        assert_eq!(&[0b01000000, 3, b'b', b'a', b'r', 0], &*res);
+    }
 
     #[test]
     fn test_encode_method_get() {
