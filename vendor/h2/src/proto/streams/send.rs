@@ -78,12 +78,17 @@ impl Send {
     }
 
     fn check_headers(fields: &http::HeaderMap) -> Result<(), UserError> {
+        // Names made once, not parsed from a `&str` on every head sent.
+        const KEEP_ALIVE: http::HeaderName = http::HeaderName::from_static("keep-alive");
+        const PROXY_CONNECTION: http::HeaderName =
+            http::HeaderName::from_static("proxy-connection");
+
         // 8.1.2.2. Connection-Specific Header Fields
         if fields.contains_key(http::header::CONNECTION)
             || fields.contains_key(http::header::TRANSFER_ENCODING)
             || fields.contains_key(http::header::UPGRADE)
-            || fields.contains_key("keep-alive")
-            || fields.contains_key("proxy-connection")
+            || fields.contains_key(&KEEP_ALIVE)
+            || fields.contains_key(&PROXY_CONNECTION)
         {
             tracing::debug!("illegal connection-specific headers found");
             return Err(UserError::MalformedHeaders);
