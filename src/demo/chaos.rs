@@ -100,9 +100,13 @@ impl Fault {
             // A stopped sidecar refuses connections until it is back: the frontend tries
             // another endpoint, but a request can meet the refusal on every try; a session
             // it carried (WebSocket, a tunnel) ends when its drain does.
+            // A request written on a pooled HTTP/1 connection just as the draining sidecar
+            // closes it cannot be told from one it lost, so one that is not retried (an
+            // upgrade) gets 502 upstream-protocol-error.
             Fault::SidecarRestart | Fault::Rollout => matches!(
                 class,
                 "503 upstream-connect-failure"
+                    | "502 upstream-protocol-error"
                     | "503 no-healthy-upstream"
                     | "websocket cut"
                     | "tunnel cut"
@@ -658,14 +662,16 @@ fn report_resources(samples: &Samples, total: Duration) -> bool {
         }
         let life = &lives[0];
         let window_start = total.saturating_sub(FLAT_WINDOW.min(total / 2));
-        let minute = Duration::from_secs(60).min(total / 10);
+        // The floor of each half of the window: five cycles of faults each, so both halves
+        // see every phase of the schedule, and a leak raises the second half's floor.
+        let middle = window_start + (total - window_start) / 2;
         let first: Vec<&Sample> = life
             .iter()
-            .filter(|s| s.at >= window_start && s.at < window_start + minute)
+            .filter(|s| s.at >= window_start && s.at < middle)
             .collect();
         let last: Vec<&Sample> = life
             .iter()
-            .filter(|s| s.at + minute >= total && s.at <= total)
+            .filter(|s| s.at >= middle && s.at <= total)
             .collect();
         let floor = |v: &[&Sample], f: fn(&Sample) -> u64| v.iter().map(|s| f(s)).min();
         let (Some(rss0), Some(rss1), Some(fd0), Some(fd1)) = (
@@ -688,7 +694,7 @@ fn report_resources(samples: &Samples, total: Duration) -> bool {
         };
         let ok = rss_growth < (1 << 20) && fd_growth <= 0 && tasks_growth.is_none_or(|g| g <= 0);
         println!(
-            "  {n}: from +{} s to the end, resident {:+.2} MiB, fds {:+}, tasks {} (lowest of the first and of the last minute){}",
+            "  {n}: from +{} s to the end, resident {:+.2} MiB, fds {:+}, tasks {} (lowest of the window's first and second half){}",
             window_start.as_secs(),
             rss_growth as f64 / (1 << 20) as f64,
             fd_growth,
