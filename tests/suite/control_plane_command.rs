@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
-use crate::common::envoy::{envoy_bin, Envoy};
+use crate::common::envoy::{envoy_bin, sock, xds_cluster, Envoy};
 use crate::common::mesh::*;
 use crate::common::xds::{cp_addr, try_get, xds_client, PaymentsPod};
 use crate::common::*;
@@ -407,7 +407,6 @@ fn envoy_bootstrap(
     access_log: &Path,
 ) -> serde_json::Value {
     use serde_json::json;
-    let sock = |a: SocketAddr| json!({ "socket_address": { "address": a.ip().to_string(), "port_value": a.port() } });
     let file = |p: PathBuf| json!({ "filename": p.to_string_lossy() });
     json!({
         "node": { "id": "envoy~test", "cluster": "frontend" },
@@ -428,21 +427,7 @@ fn envoy_bootstrap(
                 } },
                 { "name": "ROOTCA", "validation_context": { "trusted_ca": file(certs.ca()) } }
             ],
-            "clusters": [{
-                "name": "xds",
-                "type": "STATIC",
-                "connect_timeout": "1s",
-                "typed_extension_protocol_options": {
-                    "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                        "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                        "explicit_http_config": { "http2_protocol_options": {} }
-                    }
-                },
-                "load_assignment": {
-                    "cluster_name": "xds",
-                    "endpoints": [{ "lb_endpoints": [{ "endpoint": { "address": sock(cp) } }] }]
-                }
-            }],
+            "clusters": [xds_cluster(cp)],
             "listeners": [{
                 "name": "outbound",
                 "address": sock(outbound),

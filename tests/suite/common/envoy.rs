@@ -103,6 +103,31 @@ pub struct Bootstrap<'a> {
     pub upgrades: &'a [&'a str],
 }
 
+/// An Envoy `socket_address` for `a`.
+pub fn sock(a: SocketAddr) -> serde_json::Value {
+    serde_json::json!({ "socket_address": { "address": a.ip().to_string(), "port_value": a.port() } })
+}
+
+/// The static `xds` cluster a bootstrap's ADS config names: HTTP/2 to the control plane at
+/// `address`.
+pub fn xds_cluster(address: SocketAddr) -> serde_json::Value {
+    serde_json::json!({
+        "name": "xds",
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": { "http2_protocol_options": {} }
+            }
+        },
+        "load_assignment": {
+            "cluster_name": "xds",
+            "endpoints": [{ "lb_endpoints": [{ "endpoint": { "address": sock(address) } }] }]
+        }
+    })
+}
+
 /// The bootstrap, as JSON (Envoy reads `-c file.json`), with the access log at `access_log`.
 pub fn bootstrap(b: &Bootstrap, access_log: &Path) -> serde_json::Value {
     use serde_json::json;
@@ -142,7 +167,6 @@ pub fn bootstrap(b: &Bootstrap, access_log: &Path) -> serde_json::Value {
             { "match": { "prefix": "/" }, "direct_response": { "status": 404 } }
         ]
     }));
-    let sock = |a: SocketAddr| json!({ "socket_address": { "address": a.ip().to_string(), "port_value": a.port() } });
     let ads = json!({ "ads": {}, "resource_api_version": "V3" });
     json!({
         "node": { "id": b.node_id, "cluster": b.node_cluster },
@@ -156,21 +180,7 @@ pub fn bootstrap(b: &Bootstrap, access_log: &Path) -> serde_json::Value {
             }
         },
         "static_resources": {
-            "clusters": [{
-                "name": "xds",
-                "type": "STATIC",
-                "connect_timeout": "1s",
-                "typed_extension_protocol_options": {
-                    "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                        "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                        "explicit_http_config": { "http2_protocol_options": {} }
-                    }
-                },
-                "load_assignment": {
-                    "cluster_name": "xds",
-                    "endpoints": [{ "lb_endpoints": [{ "endpoint": { "address": sock(b.xds) } }] }]
-                }
-            }],
+            "clusters": [xds_cluster(b.xds)],
             "listeners": [{
                 "name": "outbound",
                 "address": sock(b.outbound),
