@@ -6,7 +6,9 @@
 //! * RSS of 1,000 services x 2 ports x 10 endpoints subscribed, over an idle sidecar;
 //! * client-proxy CPU per request in steady state, catalog from a file vs over xDS.
 //!
-//! `cargo bench --bench xds` prints them. Figures, not pass/fail: the tests check behaviour.
+//! `cargo bench --bench xds` prints them; `cargo bench --bench xds -- rss` (or `cold`, `push`,
+//! `cpu`) runs only the parts whose name holds the word. Figures, not pass/fail: the tests
+//! check behaviour.
 
 // The test suite's harness, of which this bench uses a part: the rest is dead code here.
 #[path = "../tests/suite/common/mod.rs"]
@@ -51,10 +53,28 @@ async fn run() {
     let id = certs.spiffe_id(PAYMENTS);
     let live = || Endpoint::new(server_pod.proxy_ip(), &[8080, 9090]);
 
-    cold_first_requests(&net, &certs, &id, live()).await;
-    push_1000_endpoints(&net, &certs, &id, live()).await;
-    rss_of_subscriptions(&certs, &id).await;
-    steady_state_cpu(&net, &certs, &id, server_pod, live()).await;
+    if wanted("cold") {
+        cold_first_requests(&net, &certs, &id, live()).await;
+    }
+    if wanted("push") {
+        push_1000_endpoints(&net, &certs, &id, live()).await;
+    }
+    if wanted("rss") {
+        rss_of_subscriptions(&certs, &id).await;
+    }
+    if wanted("cpu") {
+        steady_state_cpu(&net, &certs, &id, server_pod, live()).await;
+    }
+}
+
+/// Whether the command line asks for the part `name`: all parts when it names none (cargo
+/// passes `--bench` and other flags, which name none).
+fn wanted(name: &str) -> bool {
+    let words: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    words.is_empty() || words.iter().any(|w| name.contains(w.as_str()))
 }
 
 async fn xds_pod(certs: &Certs, pod: PodNet, cp: &ControlPlane) -> Proxy {
