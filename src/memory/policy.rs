@@ -6,7 +6,8 @@
 //! took thousands of xDS updates could hold far more than its live heap. `malloc_trim` hands
 //! the free pages back. It runs a second after it is asked for (`run` asks after each catalog
 //! change; the changes meanwhile ride along), so at most once a second while the catalog keeps
-//! changing, and off the runtime's worker threads.
+//! changing, and off the runtime's worker threads. Built with the `jemalloc` feature, the
+//! same call purges jemalloc's arenas instead, and the glibc tunables are left alone.
 
 use std::time::Duration;
 
@@ -31,8 +32,9 @@ pub fn trim_soon() {
     });
 }
 
-/// Gives freed memory back to the system now (`overload`, off the runtime's threads).
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
+/// Gives freed memory back to the system now (`overload`, off the runtime's threads): glibc's
+/// `malloc_trim`, or with the `jemalloc` feature a purge of every arena.
+#[cfg(all(target_os = "linux", target_env = "gnu", not(feature = "jemalloc")))]
 pub fn trim_now() {
     // SAFETY: malloc_trim only walks the allocator's own free lists; 0 keeps no pad.
     unsafe {
@@ -40,7 +42,12 @@ pub fn trim_now() {
     }
 }
 
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+#[cfg(feature = "jemalloc")]
+pub fn trim_now() {
+    super::jemalloc::purge();
+}
+
+#[cfg(not(any(feature = "jemalloc", all(target_os = "linux", target_env = "gnu"))))]
 pub fn trim_now() {}
 
 /// Caps glibc's malloc arenas at one per worker thread, set before any thread starts. glibc
@@ -48,7 +55,7 @@ pub fn trim_now() {}
 /// the admin thread) an arena of its own, and each keeps the free space of its busiest moment,
 /// raising the sidecar's peak memory under load. Workers still get an arena each, so they do
 /// not contend; the helper threads share.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[cfg(all(target_os = "linux", target_env = "gnu", not(feature = "jemalloc")))]
 pub fn limit_arenas(workers: usize) {
     let n = libc::c_int::try_from(workers.max(1)).unwrap_or(libc::c_int::MAX);
     // SAFETY: mallopt only sets a tunable of the allocator; no thread is allocating yet.
@@ -57,7 +64,7 @@ pub fn limit_arenas(workers: usize) {
     }
 }
 
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+#[cfg(not(all(target_os = "linux", target_env = "gnu", not(feature = "jemalloc"))))]
 pub fn limit_arenas(_workers: usize) {}
 
 /// How many freed blocks of each size glibc keeps in a thread's cache (its default is 7).
@@ -69,10 +76,13 @@ pub fn limit_arenas(_workers: usize) {}
 /// one, and a count shared on clone into another), hence 1024. The cache holds only blocks up
 /// to 1 KiB that were in use together at some moment, so peak memory under load rises a
 /// little and idle connections cost what they did.
+#[cfg(not(feature = "jemalloc"))]
 const TCACHE_COUNT: u32 = 1024;
 
 /// Set in the environment of the process `tune_allocator` started, so it never starts another.
+#[cfg(not(feature = "jemalloc"))]
 const TUNED: &str = "AETHER_MALLOC_TUNED";
+#[cfg(not(feature = "jemalloc"))]
 const TCACHE_TUNABLE: &str = "glibc.malloc.tcache_count";
 
 /// glibc reads its malloc tunables from `GLIBC_TUNABLES` only when a process starts, and has no
@@ -81,7 +91,7 @@ const TCACHE_TUNABLE: &str = "glibc.malloc.tcache_count";
 /// to whatever `GLIBC_TUNABLES` already holds. An operator who sets `tcache_count` there keeps
 /// their value, and `AETHER_MALLOC_TUNED=1` skips the step. If the exec fails (no `/proc`),
 /// the process carries on with glibc's defaults.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[cfg(all(target_os = "linux", target_env = "gnu", not(feature = "jemalloc")))]
 pub fn tune_allocator() {
     use std::os::unix::process::CommandExt;
     if std::env::var_os(TUNED).is_some() {
@@ -101,10 +111,13 @@ pub fn tune_allocator() {
     eprintln!("aether-proxy: running with glibc's default thread cache (re-exec failed: {e})");
 }
 
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+/// Nothing to do for other targets, or with the `jemalloc` feature (its options are set at link
+/// time: `jemalloc.rs`).
+#[cfg(not(all(target_os = "linux", target_env = "gnu", not(feature = "jemalloc"))))]
 pub fn tune_allocator() {}
 
 /// `GLIBC_TUNABLES` with our thread-cache size added; `None` when the operator set one.
+#[cfg(not(feature = "jemalloc"))]
 fn with_tcache(current: Option<&str>) -> Option<String> {
     let ours = format!("{TCACHE_TUNABLE}={TCACHE_COUNT}");
     match current.map(str::trim).filter(|c| !c.is_empty()) {
@@ -137,10 +150,10 @@ mod tests {
         assert!((1 << 20..1 << 40).contains(&rss), "{rss} bytes");
     }
 
-    use super::*;
-
+    #[cfg(not(feature = "jemalloc"))]
     #[test]
     fn the_tcache_tunable_is_added_to_the_operators_and_never_replaces_theirs() {
+        use super::with_tcache;
         assert_eq!(
             with_tcache(None).as_deref(),
             Some("glibc.malloc.tcache_count=1024")

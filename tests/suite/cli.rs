@@ -190,6 +190,30 @@ fn run_reports_a_listener_it_cannot_bind() {
     assert!(e.contains(&format!("inbound {addr}: cannot bind")), "{e}");
 }
 
+/// Built with jemalloc, `run` leaves glibc's tunables alone: no restart.
+#[cfg(feature = "jemalloc")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_with_jemalloc_does_not_restart_itself() {
+    let net = Net::fresh();
+    let certs = crate::common::Certs::new("aether.local", &["default/payments"]);
+    let pod = net.pod(0);
+    let config = format!(
+        "{}{}",
+        certs.identity_yaml("payments"),
+        pod.listeners_yaml(8080, &[])
+    );
+    let proxy = crate::common::Proxy::start(&config, "services: {}\n").await;
+    let env = environ(proxy.pid().unwrap());
+    assert!(
+        !env.iter().any(|v| v.starts_with("AETHER_MALLOC_TUNED")),
+        "{env:?}"
+    );
+    assert_eq!(
+        proxy.admin_get("/readyz").await.unwrap().status.as_u16(),
+        200
+    );
+}
+
 /// The variables of a running process's environment.
 fn environ(pid: u32) -> Vec<String> {
     let raw = std::fs::read(format!("/proc/{pid}/environ")).expect("/proc/<pid>/environ");
@@ -201,6 +225,7 @@ fn environ(pid: u32) -> Vec<String> {
 /// `run` starts itself again, once, with glibc's thread cache enlarged (docs/decisions/0002-allocator.md,
 /// `memory::tune_allocator`): the same pid serves, with the tunable in its environment. An
 /// operator's own `tcache_count` is kept as they set it, and the step is skipped.
+#[cfg(not(feature = "jemalloc"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_enlarges_the_allocators_thread_cache_and_keeps_an_operators_choice() {
     let net = Net::fresh();
