@@ -11,8 +11,16 @@
 //! [`KEEP_BYTES`] of them; other sizes and the rest go to glibc. Only the runtime's threads
 //! turn it on, and give their blocks back when they stop. A block may be freed on another
 //! thread than the one that made it: every block here is a plain `malloc` block of its size.
+//!
+//! `AETHER_ALLOC_CACHE=off` in the environment keeps it off on every thread, so that valgrind
+//! or a sanitizer sees every free as the code makes it (a kept block is freed only when its
+//! thread stops, and reused without the tool seeing a new allocation).
 
 use std::cell::UnsafeCell;
+use std::sync::OnceLock;
+
+/// The environment variable that turns the reuse off: `off`; `on`, empty or unset leave it on.
+pub(super) const SWITCH: &str = "AETHER_ALLOC_CACHE";
 
 /// The smallest size kept: one past the largest glibc's thread cache holds.
 pub(super) const MIN: usize = 1033;
@@ -132,9 +140,47 @@ fn release() {
     })
 }
 
-/// Turns on the reuse of freed medium blocks for this thread (a runtime thread, at its start).
+/// What `AETHER_ALLOC_CACHE` asks for: `Ok(true)` to keep blocks, `Ok(false)` not to, an error
+/// naming the value it does not know.
+fn switch(value: Option<&std::ffi::OsStr>) -> Result<bool, String> {
+    match value.map(|v| v.to_str().map(str::trim)) {
+        None | Some(Some("" | "on")) => Ok(true),
+        Some(Some("off")) => Ok(false),
+        Some(_) => Err(format!(
+            "{SWITCH}={value:?} ignored (on or off); the medium-block cache stays on",
+            value = value.unwrap_or_default()
+        )),
+    }
+}
+
+/// Whether the runtime's threads keep blocks: `AETHER_ALLOC_CACHE`, read once, at the first
+/// runtime thread's start.
+fn wanted() -> bool {
+    static WANTED: OnceLock<bool> = OnceLock::new();
+    *WANTED.get_or_init(|| match switch(std::env::var_os(SWITCH).as_deref()) {
+        Ok(true) => true,
+        Ok(false) => {
+            tracing::info!("{SWITCH}=off: freed medium blocks go straight back to glibc");
+            false
+        }
+        Err(e) => {
+            tracing::warn!("{e}");
+            true
+        }
+    })
+}
+
+/// Turns the reuse on for this thread when `on`.
+fn start(on: bool) {
+    if on {
+        enable();
+    }
+}
+
+/// Turns on the reuse of freed medium blocks for this thread (a runtime thread, at its start),
+/// unless `AETHER_ALLOC_CACHE=off`.
 pub fn reuse_medium_blocks() {
-    enable();
+    start(wanted());
 }
 
 /// Gives this thread's kept medium blocks back to glibc (a runtime thread, as it stops).
@@ -290,6 +336,50 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    #[test]
+    fn the_switch_turns_the_cache_off_only_when_it_says_off() {
+        use std::ffi::OsStr;
+        assert_eq!(switch(None), Ok(true));
+        assert_eq!(switch(Some(OsStr::new(""))), Ok(true));
+        assert_eq!(switch(Some(OsStr::new("on"))), Ok(true));
+        assert_eq!(switch(Some(OsStr::new("off"))), Ok(false));
+        assert_eq!(switch(Some(OsStr::new(" off\n"))), Ok(false));
+        for bad in ["OFF", "0", "false", "no"] {
+            let e = switch(Some(OsStr::new(bad))).unwrap_err();
+            assert!(e.contains("AETHER_ALLOC_CACHE") && e.contains(bad), "{e}");
+        }
+        // Not UTF-8: refused the same way, and the cache stays on.
+        use std::os::unix::ffi::OsStrExt;
+        assert!(switch(Some(OsStr::from_bytes(b"of\xff"))).is_err());
+    }
+
+    #[test]
+    fn a_thread_started_with_the_cache_off_frees_every_block_to_glibc() {
+        for on in [false, true] {
+            std::thread::spawn(move || {
+                let a = Allocator;
+                let l = Layout::from_size_align(4096, 8).unwrap();
+                start(on);
+                // SAFETY: the block is used within its layout and freed with it; a kept one
+                // is taken back and freed by glibc.
+                unsafe {
+                    let p = a.alloc(l);
+                    a.dealloc(p, l);
+                    match take(l.size()) {
+                        Some(kept) => {
+                            assert!(on, "a block was kept with the cache off");
+                            libc::free(kept as *mut libc::c_void);
+                        }
+                        None => assert!(!on, "no block kept with the cache on"),
+                    }
+                }
+                release_medium_blocks();
+            })
+            .join()
+            .unwrap();
+        }
     }
 
     #[test]

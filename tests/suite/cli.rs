@@ -190,6 +190,42 @@ fn run_reports_a_listener_it_cannot_bind() {
     assert!(e.contains(&format!("inbound {addr}: cannot bind")), "{e}");
 }
 
+/// `AETHER_ALLOC_CACHE=off` turns the medium-block reuse off as the runtime starts, and the
+/// log says so; a value it does not know is logged and ignored (docs/behaviour.md).
+#[cfg(not(feature = "jemalloc"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_alloc_cache_switch_is_read_at_start_and_said_in_the_log() {
+    let net = Net::fresh();
+    let certs = crate::common::Certs::new("aether.local", &["default/payments"]);
+    for (i, (value, said)) in [
+        (
+            "off",
+            "AETHER_ALLOC_CACHE=off: freed medium blocks go straight back",
+        ),
+        ("nope", "AETHER_ALLOC_CACHE=\"nope\" ignored (on or off)"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let pod = net.pod(i as u8);
+        let config = format!(
+            "{}{}",
+            certs.identity_yaml("payments"),
+            pod.listeners_yaml(8080, &[])
+        );
+        let proxy = crate::common::Proxy::builder(&config, "services: {}\n")
+            .env("AETHER_ALLOC_CACHE", value)
+            .start()
+            .await;
+        assert_eq!(
+            proxy.admin_get("/readyz").await.unwrap().status.as_u16(),
+            200
+        );
+        let log = proxy.stderr();
+        assert!(log.contains(said), "{value}: {log}");
+    }
+}
+
 /// Built with jemalloc, `run` leaves glibc's tunables alone: no restart.
 #[cfg(feature = "jemalloc")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
