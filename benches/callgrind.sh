@@ -2,7 +2,7 @@
 # Instructions per request on one side of the side-by-side bench (../shared/bench/run.sh), for
 # aether-proxy or HAProxy: that side runs under callgrind with counting off, the scenario runs
 # for WARM + SPAN + 10 seconds, and callgrind counts only the SPAN seconds after the first
-# WARM. The request count of that window comes from the proxy's own metrics, read when counting
+# WARM of the scenario. The request count of that window comes from the proxy's own metrics, read when counting
 # starts and when it stops. Prints instructions per request, then the functions that take the
 # most (inclusive, in thousands of instructions a request). Callgrind counts instructions, not
 # time: the figures repeat from run to run on a noisy machine, and the proxy runs about 50
@@ -28,7 +28,7 @@ case "$side" in client) admin=19001 ;; server) admin=19002 ;; *) echo "side: cli
 warm=${WARM:-25} span=${SPAN:-15} top=${TOP:-25}
 out=${OUT:-$(mktemp -d)}
 mkdir -p "$out"
-rm -f "$out/window"
+rm -f "$out/window" "$out/run.txt"
 cg="$out/callgrind.$proxy.$side.$scenario"
 
 wrap=$(mktemp -d)
@@ -67,14 +67,23 @@ case "$proxy" in
     metric=haproxy_backend_http_requests_total ;;
   *) echo "proxy: aether or haproxy" >&2; exit 2 ;;
 esac
-# Requests this side handled so far: the sum of the metric's series on its admin listener.
+# Requests this side handled so far: the sum of the metric's series on its admin listener. A
+# proxy under callgrind on a loaded machine can take seconds to answer; a read that fails is
+# an error, never a count of 0.
 requests() {
-  curl -s --max-time 2 "http://127.0.0.1:$admin/metrics" |
-    awk -v m="$metric{" 'index($0, m) == 1 {s += $NF} END {printf "%d\n", s}'
+  local body
+  body=$(curl -sf --max-time 20 "http://127.0.0.1:$admin/metrics") || return 1
+  awk -v m="$metric{" 'index($0, m) == 1 {s += $NF} END {printf "%d\n", s}' <<<"$body"
 }
 
-# Counting is switched on and off from outside while run.sh drives the load.
+# Counting is switched on and off from outside while run.sh drives the load, WARM seconds
+# after run.sh starts the scenario (the pair's start-up under callgrind takes from a few
+# seconds to half a minute, with the machine's load).
 (
+  for _ in $(seq 600); do
+    grep -q "scenario $scenario:" "$out/run.txt" 2>/dev/null && break
+    sleep 1
+  done
   sleep "$warm"
   before=$(requests)
   callgrind_control -z >/dev/null 2>&1 || true
@@ -86,7 +95,7 @@ requests() {
   echo "$before $after" >"$out/window"
 ) &
 counter=$!
-PROXY=$proxy SCENARIOS=$scenario DURATION=$((warm + span + 10)) QUIET_MAX=100 \
+PROXY=$proxy SCENARIOS=$scenario DURATION=$((warm + span + 10)) QUIET_MAX=100 QUIET_WAIT=0 \
   bash "$bench" bench >"$out/run.txt" 2>&1 || { tail -n 5 "$out/run.txt" >&2; exit 1; }
 wait "$counter" || true
 [ -s "$out/window" ] || { echo "the counting window did not complete (see $out/run.txt)" >&2; exit 1; }
