@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[global_allocator]
-static ALLOCATOR: aether_proxy::memory::Allocator = aether_proxy::memory::Allocator;
+static ALLOCATOR: aether_proxy::cli::Allocator = aether_proxy::cli::Allocator;
 
 #[derive(Parser)]
 #[command(
@@ -118,29 +118,29 @@ fn main() -> ExitCode {
             concurrency,
         } => {
             // First, before any thread: it may start this process again, with the same pid.
-            aether_proxy::memory::tune_allocator();
-            aether_proxy::run::main(&config, concurrency)
+            aether_proxy::cli::tune_allocator();
+            aether_proxy::cli::run(&config, concurrency)
         }
-        Cmd::Check { config } => aether_proxy::run::check(&config),
+        Cmd::Check { config } => aether_proxy::cli::check(&config),
         Cmd::Certs {
             out,
             trust_domain,
             workloads,
-        } => aether_proxy::identity::certgen::main(&out, &trust_domain, &workloads),
-        Cmd::Demo { load, chaos } => aether_proxy::demo::main(load, chaos),
+        } => aether_proxy::cli::certs(&out, &trust_domain, &workloads),
+        Cmd::Demo { load, chaos } => aether_proxy::cli::demo(load, chaos),
         Cmd::Explain {
             admin,
             authority,
             headers,
             connect,
             json,
-        } => aether_proxy::outbound::explain::cli(admin, &authority, &headers, connect, json),
+        } => aether_proxy::cli::explain(admin, &authority, &headers, connect, json),
         Cmd::ControlPlane {
             catalog,
             listen,
             mesh_domain,
             trust_domain,
-        } => aether_proxy::control_plane::main(aether_proxy::control_plane::Options {
+        } => aether_proxy::cli::control_plane(aether_proxy::cli::ControlPlaneOptions {
             catalog,
             listen,
             mesh_domain,
@@ -155,7 +155,7 @@ fn main() -> ExitCode {
             apply,
             clean,
         } => {
-            use aether_proxy::capture::redirect::{self, Action, Rules};
+            use aether_proxy::cli::{redirect, RedirectAction as Action, Rules};
             exclude_outbound_ports.sort_unstable();
             exclude_outbound_ports.dedup();
             let rules = proxy_uid.map(|proxy_uid| Rules {
@@ -169,7 +169,7 @@ fn main() -> ExitCode {
                 (_, true) => Action::Clean,
                 _ => Action::Print,
             };
-            redirect::main(rules, ipv6, action)
+            redirect(rules, ipv6, action)
         }
     }
 }

@@ -107,6 +107,7 @@ impl HeadLines {
     }
 
     /// The field lines counted so far, and whether the blank line that ends the head came.
+    #[cfg(feature = "testing")] // for the fuzz targets' `Http1Head`
     pub(crate) fn progress(&self) -> (usize, bool) {
         (self.fields, self.at == LineAt::End)
     }

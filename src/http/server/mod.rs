@@ -20,12 +20,13 @@ pub mod serve;
 mod sniff;
 mod timers;
 
-pub use crate::__serve_until_drained as serve_until_drained;
+pub(crate) use serve::serve_until_drained;
 pub use guarded::Guarded;
-pub use requests::{ConnRequests, GoneOnDrop, RequestOpen};
-pub use serve::{count_codec_error, sniff_codec, Batched};
+pub use requests::{ConnRequests, RequestOpen};
+pub use serve::{sniff_codec, Batched};
 pub use sniff::{Codec, Wire};
 // For `crate::fuzzing` only, which wraps them for the fuzz targets.
+#[cfg(feature = "testing")]
 pub(crate) use self::{h2_frames::Frames, head_lines::HeadLines, sniff::Seen};
 
 use hyper_util::rt::TokioTimer;

@@ -17,9 +17,7 @@ tokio::task_local! {
 
 /// Serves one HTTP connection until it ends, is cut for rapid-reset abuse, or is finished
 /// gracefully once the drain closes. Cut-offs are counted for `$listener`.
-#[macro_export]
-#[doc(hidden)]
-macro_rules! __serve_until_drained {
+macro_rules! serve_until_drained {
     ($conn:expr, $drain:expr, $requests:expr, $listener:expr) => {{
         let conn = $conn;
         tokio::pin!(conn);
@@ -47,6 +45,7 @@ macro_rules! __serve_until_drained {
         r
     }};
 }
+pub(crate) use serve_until_drained;
 
 /// Polls an HTTP/2 connection one scheduler turn after it was woken. A stream's task wakes
 /// its connection as soon as it queues a head or data; polled at once (tokio runs a task woken
