@@ -5,7 +5,7 @@
 use std::hint::black_box;
 
 use aether_proxy::identity::certgen::{self, Workload};
-use aether_proxy::identity::{san, Identity, SpiffeId};
+use aether_proxy::identity::{san, workload::Identity, SpiffeId};
 use criterion::{criterion_group, criterion_main, Criterion};
 
 fn bench(c: &mut Criterion) {

@@ -10,7 +10,7 @@ pub mod store;
 pub mod vip;
 
 pub use model::{
-    Breakers, Catalog, Endpoint, HeaderMatch, Labels, OnDemand, Outlier, PortProtocol, Route,
-    RouteTarget, Service, Usage, WeightedSubset, DEFAULT_INBOUND_PORT,
+    Breakers, Catalog, Endpoint, Labels, OnDemand, Outlier, PortProtocol, Route, RouteTarget,
+    Service, Usage,
 };
 pub use store::CatalogStore;

@@ -32,11 +32,10 @@ pub use discovery::{CatalogConfig, DiscoveryConfig, GrpcAddress, XdsConfig};
 pub use identity::{IdentityFiles, SourceIdentity};
 pub use listeners::{
     DnsConfig, Egress, InboundConfig, InboundPort, LimitsConfig, OutboundConfig, Protocol,
-    DEFAULT_UPGRADES,
 };
 pub use locality::Locality;
 pub use overload::OverloadConfig;
-pub use trace::{HostPort, TracingConfig, DEFAULT_SAMPLE_RATE};
+pub use trace::{TracingConfig, DEFAULT_SAMPLE_RATE};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -114,6 +113,7 @@ impl Config {
     }
 
     /// The inbound chain config for `port`, if this pod serves it.
+    #[cfg(any(test, feature = "testing"))] // unit tests and the `config` fuzz target
     pub fn inbound_port(&self, port: u16) -> Option<&InboundPort> {
         self.inbound.ports.iter().find(|p| p.port == port)
     }

@@ -17,4 +17,4 @@ pub mod workload;
 
 pub use spiffe::SpiffeId;
 pub use store::{Contexts, IdentityPaths, IdentitySpec, IdentityStore};
-pub use workload::{Identity, IdentityError};
+pub use workload::IdentityError;

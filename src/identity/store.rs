@@ -254,7 +254,7 @@ mod tests {
             .unwrap()
             .clone();
         let p = files(dir.path(), "frontend");
-        let me = crate::identity::Identity::load(&p.cert, &p.key, &p.ca, "aether.local").unwrap();
+        let me = crate::identity::workload::Identity::load(&p.cert, &p.key, &p.ca, "aether.local").unwrap();
 
         // A plain client that counts every session it is handed.
         let tickets = Arc::new(AtomicUsize::new(0));

@@ -351,14 +351,6 @@ impl Sessions {
                 .dec_by(gone as i64);
         }
     }
-
-    pub fn len(&self) -> usize {
-        self.map().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 impl Drop for Sessions {

@@ -114,7 +114,7 @@ impl Inbound {
             return;
         };
         identity_metrics::handshake("inbound", true);
-        let Some(peer) = Peer::of(&tls, addr, &self.trust_domain) else {
+        let Some(peer) = Peer::of(&tls, &self.trust_domain) else {
             return;
         };
         match chain.server(tls.ssl().selected_alpn_protocol()) {

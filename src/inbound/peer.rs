@@ -1,8 +1,6 @@
 //! The verified peer of one inbound connection: who it is (its SPIFFE id, checked by the TLS
 //! verify callback) and the hash of its leaf for XFCC.
 
-use std::net::SocketAddr;
-
 use tokio::net::TcpStream;
 
 use crate::identity::{san, tls, SpiffeId};
@@ -11,7 +9,6 @@ use crate::identity::{san, tls, SpiffeId};
 pub type TlsStream = crate::sockets::Tls<crate::sockets::ReadAhead<TcpStream>>;
 
 pub struct Peer {
-    pub addr: SocketAddr,
     pub spiffe_id: SpiffeId,
     /// Lower-case hex SHA-256 of the peer's leaf DER.
     pub cert_hash: String,
@@ -20,12 +17,11 @@ pub struct Peer {
 impl Peer {
     /// The peer of an established connection; `None` without a leaf carrying one SPIFFE id of
     /// `trust_domain` (which the verify callback already insisted on).
-    pub fn of(tls: &TlsStream, addr: SocketAddr, trust_domain: &str) -> Option<Peer> {
+    pub fn of(tls: &TlsStream, trust_domain: &str) -> Option<Peer> {
         let der = tls::peer_leaf_der(tls.ssl())?;
         let (digest, id) = san::read_leaf(der);
         let spiffe_id = id.ok().filter(|id| id.trust_domain() == trust_domain)?;
         Some(Peer {
-            addr,
             spiffe_id,
             cert_hash: hex::encode(digest),
         })

@@ -270,6 +270,7 @@ impl Clusters {
     }
 
     /// `get` against the catalog in use now.
+    #[cfg(test)]
     pub fn get_or_build(&self, service: &str, port: u16) -> Option<Arc<Cluster>> {
         self.get(&self.catalog.load(), service, port)
     }

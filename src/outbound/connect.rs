@@ -77,6 +77,7 @@ impl ConnectError {
     }
 
     /// The io error kind behind the failure, when the failure was an io error.
+    #[cfg(test)]
     pub fn io_kind(&self) -> Option<io::ErrorKind> {
         match self {
             ConnectError::Tcp { source, .. } => Some(source.kind()),
@@ -308,7 +309,7 @@ mod tests {
     use super::*;
     use crate::identity::certgen::{self, Workload};
     use crate::identity::tls::{self, ServerAlpn};
-    use crate::identity::Identity;
+    use crate::identity::workload::Identity;
     use tokio::net::TcpListener;
 
     const TD: &str = "aether.local";

@@ -134,6 +134,7 @@ pub fn lookup<'c>(catalog: &'c Catalog, auth: &MeshAuthority<'_>, mesh_domain: &
 }
 
 /// The route decision of SPEC's addressing table against a complete catalog (the file).
+#[cfg(any(test, feature = "testing"))] // unit tests, the routing bench and two fuzz targets
 pub fn decide<'c>(catalog: &'c Catalog, auth: &MeshAuthority<'_>) -> Result<Target<'c>, Reason> {
     match lookup(catalog, auth, "") {
         Lookup::Found(t) => Ok(t),
@@ -348,11 +349,11 @@ services:
         svc.routes = vec![crate::catalog::Route {
             matches: None,
             target: RouteTarget::Split(vec![
-                crate::catalog::WeightedSubset {
+                crate::catalog::model::WeightedSubset {
                     subset: Labels::from([("version".into(), "v1".into())]),
                     weight: u32::MAX,
                 },
-                crate::catalog::WeightedSubset {
+                crate::catalog::model::WeightedSubset {
                     subset: Labels::from([("version".into(), "v2".into())]),
                     weight: u32::MAX,
                 },

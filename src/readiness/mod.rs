@@ -30,9 +30,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-pub use table::{
-    parse_listening_ports, read_table, scan_tables, TableScan, PROC_NET_TCP, PROC_NET_TCP6,
-};
+pub use table::{scan_tables, TableScan, PROC_NET_TCP, PROC_NET_TCP6};
+#[cfg(feature = "testing")] // the `proc_net_tcp` fuzz target
+pub use table::parse_listening_ports;
 
 /// How long a result is reused before the tables are read again.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(1);
@@ -58,6 +58,7 @@ pub enum ListenerStatus {
 
 impl ListenerStatus {
     /// Whether `/readyz` may answer ready on this outcome's account.
+    #[cfg(test)]
     pub fn is_ready(&self) -> bool {
         !matches!(self, ListenerStatus::Missing(_))
     }
@@ -146,11 +147,6 @@ impl ListenerCheck {
             ttl,
             state: Mutex::new(State::default()),
         })
-    }
-
-    /// The ports this check requires, sorted.
-    pub fn required(&self) -> &[u16] {
-        &self.required
     }
 
     /// The current outcome: cached if fresh, else the scan in flight's, else

@@ -98,6 +98,7 @@ impl<S> ReadAhead<S> {
         self.batch.get_or_insert_with(Batch::default);
     }
 
+    #[cfg(test)]
     pub fn get_ref(&self) -> &S {
         &self.inner
     }
@@ -116,6 +117,7 @@ impl<S> ReadAhead<S> {
     }
 
     /// Bytes read from the socket and not yet handed on.
+    #[cfg(test)]
     pub fn buffered(&self) -> usize {
         self.buf.len()
     }

@@ -101,7 +101,7 @@ impl TraceParent {
         out
     }
 
-    pub fn to_header(&self) -> HeaderValue {
+    pub fn to_header(self) -> HeaderValue {
         let mut v = HeaderValue::from_bytes(&self.encode())
             .expect("hex and dashes are a valid header value");
         crate::http::headers::never_indexed(&mut v);

@@ -45,13 +45,6 @@ pub struct Queue {
     flushes: mpsc::Receiver<oneshot::Sender<()>>,
 }
 
-impl Queue {
-    /// Takes what is queued, up to `limit` spans (tests read the queue directly).
-    pub async fn recv_many(&mut self, into: &mut Vec<Finished>, limit: usize) -> usize {
-        self.spans.recv_many(into, limit).await
-    }
-}
-
 impl Exporter {
     /// An exporter and the receiving end of its queue (what the export task reads).
     pub fn with_queue(capacity: usize) -> (Exporter, Queue) {

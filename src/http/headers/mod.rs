@@ -12,8 +12,7 @@ mod upgrade;
 use http::header::{HeaderMap, HeaderName};
 
 pub use added::{
-    ensure_request_id, make_room_for_added, never_indexed, xfcc_quote, xfcc_value,
-    ADDED_REQUEST_FIELDS, XFCC, X_REQUEST_ID,
+    ensure_request_id, make_room_for_added, never_indexed, xfcc_value, XFCC, X_REQUEST_ID,
 };
 pub use forwarding::{forwarded_response, framing_error, keep_h1_body, retarget, unforwardable};
 pub use hop_by_hop::{declare_grpc_trailers, h1_closes_after, h1_wants_trailers, strip_hop_by_hop};

@@ -2,14 +2,19 @@
 //!
 //! The inbound listener chooses a per-port chain (certificate, ALPN, codec) from the ClientHello's
 //! SNI, so it must see the SNI and the ALPN list before BoringSSL does. `record.rs` reads the
-//! record layer from the socket ([`read`], [`parse`]); `hello.rs` parses the message body. The
+//! record layer from the socket ([`read`]); `hello.rs` parses the message body. The
 //! caller then replays the very same bytes into the TLS stack (see `crate::sockets::ReadAhead`).
 
 pub mod hello;
 pub mod record;
 
-pub use hello::{ClientHello, HelloError, MAX_CLIENT_HELLO};
-pub use record::{parse, read, read_with, HelloReader, ReadError, MAX_BUFFERED};
+pub use record::read;
+// The benches, fuzz targets and tests/suite/rules.rs drive the parser by hand.
+#[cfg(feature = "testing")]
+pub use {
+    hello::{ClientHello, HelloError},
+    record::{parse, HelloReader, MAX_BUFFERED},
+};
 
 #[cfg(test)]
 mod tests;

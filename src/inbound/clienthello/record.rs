@@ -1,5 +1,5 @@
 //! The TLS record layer in front of the ClientHello: [`read`] buffers the first flight from the
-//! socket until [`parse`] has walked enough records (checking each header) to hold the whole
+//! socket until a [`HelloReader`] has walked enough records (checking each header) to hold the whole
 //! message, which may span several records; the message body is then parsed by `hello.rs`.
 
 use std::time::Duration;
@@ -43,11 +43,12 @@ pub enum ReadError {
 ///
 /// The message may span several records; records must all be handshake records. Bytes after the
 /// ClientHello are ignored (they belong to the TLS stack).
+#[cfg(any(test, feature = "testing"))] // the listener reads with `read`; tests, benches, fuzz
 pub fn parse(buf: &[u8]) -> Result<Option<ClientHello>, HelloError> {
     HelloReader::default().feed(buf)
 }
 
-/// Reads from `io` into `buf` until [`parse`] finds a whole ClientHello, an error, EOF or the
+/// Reads from `io` into `buf` until a [`HelloReader`] finds a whole ClientHello, an error, EOF or the
 /// `timeout` (which covers the whole read, like Envoy's listener-filter timeout). `buf` keeps every
 /// byte read, including any past the ClientHello, so the caller can replay them; it never holds
 /// more than [`MAX_BUFFERED`] bytes. Bytes already in `buf` are parsed first.
@@ -131,6 +132,7 @@ pub struct HelloReader {
 
 impl HelloReader {
     /// Bytes examined so far; never more than the bytes fed (linear work).
+    #[cfg(feature = "testing")] // tests/suite/rules.rs
     pub fn examined(&self) -> usize {
         self.examined
     }
