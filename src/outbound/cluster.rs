@@ -269,12 +269,6 @@ impl Clusters {
         Some(cluster)
     }
 
-    /// `get` against the catalog in use now.
-    #[cfg(test)]
-    pub fn get_or_build(&self, service: &str, port: u16) -> Option<Arc<Cluster>> {
-        self.get(&self.catalog.load(), service, port)
-    }
-
     fn build_cluster(&self, svc: Arc<Service>, port: u16, old: Option<&Cluster>) -> Cluster {
         let endpoints = svc
             .endpoints
@@ -357,6 +351,14 @@ impl Clusters {
 
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({ "clusters": self.snapshot().iter().map(|c| c.to_json()).collect::<Vec<_>>() })
+    }
+}
+
+#[cfg(test)]
+impl Clusters {
+    /// `get` against the catalog in use now.
+    pub fn get_or_build(&self, service: &str, port: u16) -> Option<Arc<Cluster>> {
+        self.get(&self.catalog.load(), service, port)
     }
 }
 

@@ -75,22 +75,6 @@ impl ConnectError {
             | ConnectError::H2 { .. } => Reason::UpstreamConnectFailure,
         }
     }
-
-    /// The io error kind behind the failure, when the failure was an io error.
-    #[cfg(test)]
-    pub fn io_kind(&self) -> Option<io::ErrorKind> {
-        match self {
-            ConnectError::Tcp { source, .. } => Some(source.kind()),
-            ConnectError::Tls { io, .. } => *io,
-            ConnectError::Timeout { .. } => Some(io::ErrorKind::TimedOut),
-            ConnectError::Setup(_)
-            | ConnectError::Identity { .. }
-            | ConnectError::Http { .. }
-            | ConnectError::H2 { .. }
-            | ConnectError::H2Only { .. }
-            | ConnectError::Overflow => None,
-        }
-    }
 }
 
 /// Connects to an endpoint's proxy: TCP, then TLS with SNI `"<port>"`, ALPN `alpn` (wire
@@ -300,6 +284,24 @@ impl Upstream {
                 .await
                 .map_err(|source| ConnectError::Http { addr, source })?;
             Ok(Conn::H1(s, 0))
+        }
+    }
+}
+
+#[cfg(test)]
+impl ConnectError {
+    /// The io error kind behind the failure, when the failure was an io error.
+    pub fn io_kind(&self) -> Option<io::ErrorKind> {
+        match self {
+            ConnectError::Tcp { source, .. } => Some(source.kind()),
+            ConnectError::Tls { io, .. } => *io,
+            ConnectError::Timeout { .. } => Some(io::ErrorKind::TimedOut),
+            ConnectError::Setup(_)
+            | ConnectError::Identity { .. }
+            | ConnectError::Http { .. }
+            | ConnectError::H2 { .. }
+            | ConnectError::H2Only { .. }
+            | ConnectError::Overflow => None,
         }
     }
 }

@@ -56,14 +56,6 @@ pub enum ListenerStatus {
     },
 }
 
-impl ListenerStatus {
-    /// Whether `/readyz` may answer ready on this outcome's account.
-    #[cfg(test)]
-    pub fn is_ready(&self) -> bool {
-        !matches!(self, ListenerStatus::Missing(_))
-    }
-}
-
 /// Produces one [`TableScan`] per table. Runs on the blocking pool.
 pub type ScanFn = dyn Fn() -> Vec<TableScan> + Send + Sync;
 /// The check's notion of "now"; injectable so cache tests need not sleep.
@@ -339,6 +331,14 @@ fn log_transition(state: &mut State, required: &[u16], status: &ListenerStatus) 
         }
     }
     state.last_logged = Some(status.clone());
+}
+
+#[cfg(test)]
+impl ListenerStatus {
+    /// Whether `/readyz` may answer ready on this outcome's account.
+    pub fn is_ready(&self) -> bool {
+        !matches!(self, ListenerStatus::Missing(_))
+    }
 }
 
 #[cfg(test)]

@@ -98,11 +98,6 @@ impl<S> ReadAhead<S> {
         self.batch.get_or_insert_with(Batch::default);
     }
 
-    #[cfg(test)]
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
     /// Frees a write batch's block grown for bulk, unless bytes still wait in it: called by the
     /// splice once it has been quiet for a while, so a tunnel that moved bulk once does not keep
     /// 256 KiB for the rest of its life. Returns whether it did.
@@ -114,12 +109,6 @@ impl<S> ReadAhead<S> {
             }
             _ => false,
         }
-    }
-
-    /// Bytes read from the socket and not yet handed on.
-    #[cfg(test)]
-    pub fn buffered(&self) -> usize {
-        self.buf.len()
     }
 
     /// Gives the buffer up when nothing waits in it: called whenever the socket has nothing
@@ -326,6 +315,18 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for ReadAhead<S> {
         let this = self.get_mut();
         ready!(this.poll_send_batch(cx))?;
         Pin::new(&mut this.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+impl<S> ReadAhead<S> {
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// Bytes read from the socket and not yet handed on.
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
     }
 }
 
