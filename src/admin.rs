@@ -28,8 +28,9 @@ pub type SetLogFilter = Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
 /// Answers `/explain`'s query, or says what is wrong with it.
 pub type Explain = Box<dyn Fn(&str) -> Result<serde_json::Value, String> + Send + Sync>;
 
-/// A JSON view served at a path.
-pub type View = Box<dyn Fn() -> serde_json::Value + Send + Sync>;
+/// A JSON view served at a path: the body, serialized by the view (large ones stream their
+/// parts instead of building a `serde_json::Value`).
+pub type View = Box<dyn Fn() -> Vec<u8> + Send + Sync>;
 
 pub struct Admin {
     pub drain: Drain,
@@ -212,7 +213,11 @@ impl Admin {
                 .get()
                 .and_then(|v| v.iter().find(|(name, _)| *name == p))
             {
-                Some((_, view)) => json(StatusCode::OK, view()),
+                Some((_, view)) => {
+                    let mut body = view();
+                    body.push(b'\n');
+                    reply(StatusCode::OK, "application/json", body)
+                }
                 None => reply(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
             },
             _ => reply(

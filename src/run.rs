@@ -570,7 +570,7 @@ fn admin_views(
     let certs_view: crate::admin::View = Box::new(move || {
         let current = id.current();
         let certs: Vec<_> = current.identity.certs.iter().map(|c| c.to_json()).collect();
-        serde_json::json!({ "certificates": certs })
+        serde_json::to_vec(&serde_json::json!({ "certificates": certs })).unwrap_or_default()
     });
     let (cfg, catalog, c, identity) = (
         cfg.clone(),
@@ -580,8 +580,16 @@ fn admin_views(
     );
     let dump: crate::admin::View = Box::new(move || {
         let id = identity.current();
-        serde_json::json!({
-            "config": {
+        // Keys in sorted order, as a `serde_json::Value` map writes them; the clusters are
+        // serialized as they are written (`outbound::cluster::ClusterList`).
+        #[derive(serde::Serialize)]
+        struct Dump<'a> {
+            catalog: serde_json::Value,
+            clusters: crate::outbound::cluster::ClusterList<'a>,
+            config: serde_json::Value,
+            xds: Option<serde_json::Value>,
+        }
+        let config = serde_json::json!({
                 "mesh_domain": cfg.mesh_domain,
                 "trust_domain": cfg.trust_domain,
                 "locality": cfg.locality.as_ref().map(|l| l.to_string()),
@@ -623,16 +631,24 @@ fn admin_views(
                     "notify": humantime::format_duration(cfg.drain.notify).to_string(),
                     "timeout": humantime::format_duration(cfg.drain.timeout).to_string(),
                 },
-            },
-            "catalog": {
-                "version": catalog.version(),
-                "services": catalog.load().services.keys().collect::<Vec<_>>(),
-                // Where captured apps reach each service (SPEC section 10).
-                "virtual_ips": virtual_ips(&catalog),
-            },
-            "clusters": c.to_json()["clusters"].clone(),
-            "xds": xds.as_ref().map(|x| serde_json::to_value(&*x.lock().unwrap_or_else(|e| e.into_inner())).unwrap_or_default()),
+        });
+        let catalog_json = serde_json::json!({
+            "version": catalog.version(),
+            "services": catalog.load().services.keys().collect::<Vec<_>>(),
+            // Where captured apps reach each service (SPEC section 10).
+            "virtual_ips": virtual_ips(&catalog),
+        });
+        let xds = xds.as_ref().map(|x| {
+            serde_json::to_value(&*x.lock().unwrap_or_else(|e| e.into_inner())).unwrap_or_default()
+        });
+        let clusters = c.snapshot();
+        serde_json::to_vec(&Dump {
+            catalog: catalog_json,
+            clusters: crate::outbound::cluster::ClusterList(&clusters),
+            config,
+            xds,
         })
+        .unwrap_or_default()
     });
     vec![
         ("/clusters", clusters_view),

@@ -183,21 +183,65 @@ impl Cluster {
             .inc();
     }
 
-    pub fn to_json(&self) -> serde_json::Value {
-        let now = self.now_ms();
-        serde_json::json!({
-            "name": self.name,
-            "service": self.service.name,
-            "port": self.port,
-            "endpoints": self.endpoints.iter().map(|e| serde_json::json!({
-                "address": e.address.to_string(),
-                "locality": e.locality.as_ref().map(|l| l.to_string()).unwrap_or_default(),
-                "labels": e.labels,
-                "draining": e.draining,
-                "ejected": e.is_ejected(now),
-                "active_requests": e.active(),
-            })).collect::<Vec<_>>(),
-        })
+    /// The cluster as `/clusters` and `/config_dump` show it (keys in sorted order).
+    pub fn json(&self) -> ClusterJson<'_> {
+        ClusterJson(self)
+    }
+}
+
+/// A cluster's admin JSON, serialized straight into the response. Built as a
+/// `serde_json::Value` first, the tree of a few thousand clusters' endpoints takes many times
+/// the text it becomes, and that peak stays resident after the answer is sent.
+pub struct ClusterJson<'a>(&'a Cluster);
+
+impl serde::Serialize for ClusterJson<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let c = self.0;
+        let now = c.now_ms();
+        let mut m = s.serialize_struct("Cluster", 4)?;
+        m.serialize_field("endpoints", &Endpoints(&c.endpoints, now))?;
+        m.serialize_field("name", &c.name)?;
+        m.serialize_field("port", &c.port)?;
+        m.serialize_field("service", &c.service.name)?;
+        m.end()
+    }
+}
+
+struct Endpoints<'a>(&'a [Arc<EndpointState>], u64);
+
+impl serde::Serialize for Endpoints<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(|e| EndpointJson(e, self.1)))
+    }
+}
+
+struct EndpointJson<'a>(&'a EndpointState, u64);
+
+impl serde::Serialize for EndpointJson<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let e = self.0;
+        let mut m = s.serialize_struct("Endpoint", 6)?;
+        m.serialize_field("active_requests", &e.active())?;
+        m.serialize_field("address", &e.address)?;
+        m.serialize_field("draining", &e.draining)?;
+        m.serialize_field("ejected", &e.is_ejected(self.1))?;
+        m.serialize_field("labels", &e.labels)?;
+        m.serialize_field("locality", &LocalityText(e.locality.as_ref()))?;
+        m.end()
+    }
+}
+
+/// An endpoint's locality as text, empty when it has none.
+struct LocalityText<'a>(Option<&'a Locality>);
+
+impl serde::Serialize for LocalityText<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            Some(l) => s.collect_str(l),
+            None => s.serialize_str(""),
+        }
     }
 }
 
@@ -349,8 +393,26 @@ impl Clusters {
         v
     }
 
-    pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({ "clusters": self.snapshot().iter().map(|c| c.to_json()).collect::<Vec<_>>() })
+    /// `/clusters`' body: `{"clusters":[...]}`.
+    pub fn to_json(&self) -> Vec<u8> {
+        #[derive(serde::Serialize)]
+        struct Body<'a> {
+            clusters: ClusterList<'a>,
+        }
+        let snapshot = self.snapshot();
+        serde_json::to_vec(&Body {
+            clusters: ClusterList(&snapshot),
+        })
+        .unwrap_or_default()
+    }
+}
+
+/// Clusters as a JSON array, each serialized as it is written.
+pub struct ClusterList<'a>(pub &'a [Arc<Cluster>]);
+
+impl serde::Serialize for ClusterList<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(|c| c.json()))
     }
 }
 
@@ -405,6 +467,31 @@ mod tests {
         );
         assert!(clusters.get_or_build("payments", 7777).is_none());
         assert!(clusters.get_or_build("ghost", 8080).is_none());
+    }
+
+    #[test]
+    fn the_admin_json_is_written_as_a_sorted_value_map_would_be() {
+        let yaml = "services:\n  payments:\n    default_port: 8080\n    identity: spiffe://aether.local/ns/default/sa/payments\n    endpoints:\n      - { address: 10.0.0.1, ports: [8080], locality: r1/z1, labels: { version: v1 } }\n      - { address: 10.0.0.2, ports: [8080], draining: true }\n";
+        let clusters = Clusters::new("aether.internal", store(yaml));
+        clusters.get_or_build("payments", 8080).unwrap();
+        let body = clusters.to_json();
+        let parsed: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            parsed,
+            serde_json::json!({ "clusters": [{
+                "name": "payments.aether.internal",
+                "service": "payments",
+                "port": 8080,
+                "endpoints": [
+                    { "address": "10.0.0.1:15008", "locality": "r1/z1", "labels": { "version": "v1" },
+                      "draining": false, "ejected": false, "active_requests": 0 },
+                    { "address": "10.0.0.2:15008", "locality": "", "labels": {},
+                      "draining": true, "ejected": false, "active_requests": 0 },
+                ],
+            }] })
+        );
+        // Byte for byte what the map (keys sorted) would have written.
+        assert_eq!(serde_json::to_vec(&parsed).unwrap(), body);
     }
 
     #[test]
