@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use crate::common::Net;
+use crate::common::{Net, PodNet};
 
 const BIN: &str = env!("CARGO_BIN_EXE_aether-proxy");
 
@@ -233,11 +233,7 @@ async fn run_with_jemalloc_does_not_restart_itself() {
     let net = Net::fresh();
     let certs = crate::common::Certs::new("aether.local", &["default/payments"]);
     let pod = net.pod(0);
-    let config = format!(
-        "{}{}",
-        certs.identity_yaml("payments"),
-        pod.listeners_yaml(8080, &[])
-    );
+    let config = sidecar_config(&certs, pod);
     let proxy = crate::common::Proxy::start(&config, "services: {}\n").await;
     let env = environ(proxy.pid().unwrap());
     assert!(
@@ -248,6 +244,15 @@ async fn run_with_jemalloc_does_not_restart_itself() {
         proxy.admin_get("/readyz").await.unwrap().status.as_u16(),
         200
     );
+}
+
+/// `pod`'s sidecar config: payments' identity and listeners, app on 8080.
+fn sidecar_config(certs: &crate::common::Certs, pod: PodNet) -> String {
+    format!(
+        "{}{}",
+        certs.identity_yaml("payments"),
+        pod.listeners_yaml(8080, &[])
+    )
 }
 
 /// The variables of a running process's environment.
@@ -267,11 +272,7 @@ async fn run_enlarges_the_allocators_thread_cache_and_keeps_an_operators_choice(
     let net = Net::fresh();
     let certs = crate::common::Certs::new("aether.local", &["default/payments"]);
     let pod = net.pod(0);
-    let config = format!(
-        "{}{}",
-        certs.identity_yaml("payments"),
-        pod.listeners_yaml(8080, &[])
-    );
+    let config = sidecar_config(&certs, pod);
     let proxy = crate::common::Proxy::start(&config, "services: {}\n").await;
     let env = environ(proxy.pid().unwrap());
     assert!(
@@ -287,11 +288,7 @@ async fn run_enlarges_the_allocators_thread_cache_and_keeps_an_operators_choice(
     drop(proxy);
 
     let pod = net.pod(1);
-    let config = format!(
-        "{}{}",
-        certs.identity_yaml("payments"),
-        pod.listeners_yaml(8080, &[])
-    );
+    let config = sidecar_config(&certs, pod);
     let proxy = crate::common::Proxy::builder(&config, "services: {}\n")
         .env("GLIBC_TUNABLES", "glibc.malloc.tcache_count=7")
         .start()
