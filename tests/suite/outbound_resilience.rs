@@ -326,6 +326,9 @@ async fn outlier_detection_ejects_a_failing_endpoint() {
     assert_eq!(bad_app.seen().len(), 5);
     let view = client.admin_get("/clusters").await.unwrap().json();
     let eps = &view["clusters"][0]["endpoints"];
+    // /config_dump carries the same clusters, ejections included.
+    let dump = client.admin_get("/config_dump").await.unwrap().json();
+    assert_eq!(dump["clusters"], view["clusters"], "{dump}");
     let state: Vec<(String, bool)> = eps
         .as_array()
         .unwrap()
