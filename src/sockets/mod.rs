@@ -20,6 +20,7 @@ use crate::http::limits::{KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES};
 mod pump;
 pub mod read_ahead;
 mod record;
+pub use pump::BULK;
 pub use read_ahead::{ReadAhead, ReadReady};
 pub use record::RECORD;
 
