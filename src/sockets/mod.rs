@@ -20,6 +20,8 @@ use crate::http::limits::{KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES};
 mod pump;
 pub mod read_ahead;
 mod record;
+/// The splice's bulk buffer size, for the floor bench of raw TCP (`benches/tcp_floor.rs`).
+#[cfg(feature = "testing")]
 pub use pump::BULK;
 pub use read_ahead::{ReadAhead, ReadReady};
 pub use record::RECORD;

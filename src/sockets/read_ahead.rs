@@ -24,8 +24,8 @@ use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
+use super::pump;
 use super::record::SEALED_RECORD;
-use super::{BULK, RECORD};
 
 /// A socket that can say whether a read would find bytes, without reading (`&mut`: a buffered
 /// stream frees its buffer when the answer is no).
@@ -71,12 +71,12 @@ struct Batch {
     sent: usize,
 }
 
-/// The most a write batch gathers: the records the splice's bulk buffer ([`BULK`]) seals
+/// The most a write batch gathers: the records the splice's bulk buffer (`pump::BULK`) seals
 /// in one write, sixteen. A batch starts in a read-ahead block (four records) and grows past
 /// it only when a burst brings more before the splice flushes, which only a bulk stream does;
 /// it then keeps its grown block while bulk keeps coming, as the splice keeps its bulk buffer,
 /// and gives it back when the splice goes quiet ([`ReadAhead::give_back_batch`]).
-pub const WRITE_BATCH: usize = BULK / RECORD * SEALED_RECORD;
+pub const WRITE_BATCH: usize = pump::BULK / pump::START * SEALED_RECORD;
 
 impl<S> ReadAhead<S> {
     pub fn new(inner: S) -> Self {
