@@ -285,49 +285,9 @@ impl Headers {
         // Get the HEADERS frame head
         let head = self.head();
 
-        // Encode the block straight into the write buffer, after a head
-        // written with length 0, instead of into a buffer of its own that is
-        // then copied over. The frame may hold up to the limit's remainder;
-        // what goes past it leaves for CONTINUATION frames.
-        let head_pos = dst.get_ref().len();
-        head.encode(0, dst);
-        let payload_pos = dst.get_ref().len();
-        let room = dst.remaining_mut();
-
-        let buf: &mut BytesMut = dst.get_mut();
-        encoder.encode(
-            Iter {
-                pseudo: Some(self.header_block.pseudo),
-                fields: self.header_block.fields.into_iter(),
-            },
-            buf,
-        );
-
-        let continuation = if buf.len() - payload_pos > room {
-            let rest = BytesMut::from(&buf[payload_pos + room..]);
-            buf.truncate(payload_pos + room);
-            Some(Continuation {
-                stream_id: head.stream_id(),
-                header_block: EncodingHeaderBlock { hpack: rest },
-            })
-        } else {
-            None
-        };
-
-        // Write the frame length
-        let payload_len_be = ((buf.len() - payload_pos) as u64).to_be_bytes();
-        assert!(payload_len_be[0..5].iter().all(|b| *b == 0));
-        buf[head_pos..head_pos + 3].copy_from_slice(&payload_len_be[5..]);
-
-        if continuation.is_some() {
-            // There will be continuation frames, so the `is_end_headers` flag
-            // must be unset
-            debug_assert!(buf[head_pos + 4] & END_HEADERS == END_HEADERS);
-
-            buf[head_pos + 4] -= END_HEADERS;
-        }
-
-        continuation
+        self.header_block
+            .into_encoding(encoder)
+            .encode(&head, dst, Some(encoder), |_| {})
     }
 
     fn head(&self) -> Head {
