@@ -83,5 +83,6 @@ echo "h2 $version $want" >"$upstream_file"
 if [ "$version" != "$cur_version" ]; then
   (cd "$root" && cargo update -p h2)
 fi
-# The crate's own .gitignore names Cargo.lock; -f keeps every file under version control.
-echo "vendor/h2/ is h2 $version plus patches; commit it with: git add -A -f vendor"
+# The crate's own .gitignore names Cargo.lock; -f keeps every file under version control, and the
+# exclusion keeps out a target/ that running the crate's tests in place leaves behind.
+echo "vendor/h2/ is h2 $version plus patches; commit it with: git add -A -f vendor ':(exclude)vendor/h2/target'"
