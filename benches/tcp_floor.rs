@@ -21,7 +21,6 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::ptr;
 use std::thread;
 
 use aether_proxy::sockets::{BULK, RECORD};
@@ -130,7 +129,6 @@ impl Drop for Sealer {
     fn drop(&mut self) {
         // SAFETY: `ctx` came from EVP_AEAD_CTX_new and is freed once.
         unsafe { ffi::EVP_AEAD_CTX_free(self.ctx) };
-        self.ctx = ptr::null_mut();
     }
 }
 
